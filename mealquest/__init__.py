@@ -1,0 +1,43 @@
+"""MealQuest jobs service: a durable SQLite-backed job runner behind a Flask API."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+
+from mealquest import cli, errors, health
+from mealquest.api import bp as api_bp
+from mealquest.config import DEFAULTS
+from mealquest.extensions import init_store
+from mealquest.jobs import service as jobs_service
+from mealquest.jobs.cli import jobs_cli
+from mealquest.logs import configure_logging
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Build the app: defaults, then `MEALQUEST_*` environment, then `test_config`.
+
+    Opens nothing and starts nothing: the store connects on first use in the
+    process that uses it, and the job pool is started by the gunicorn worker
+    hooks or `flask jobs work`.
+    """
+    app = Flask(__name__, instance_relative_config=True)
+    app.config.from_mapping(DEFAULTS)
+    app.config.from_prefixed_env("MEALQUEST")
+    if test_config is not None:
+        app.config.from_mapping(test_config)
+    if not app.config["DATABASE"]:
+        app.config["DATABASE"] = os.path.join(app.instance_path, "mealquest.sqlite3")
+
+    configure_logging(app.config["LOG_LEVEL"])
+    init_store(app)
+    jobs_service.init_app(app)
+    errors.init_app(app)
+    cli.init_app(app)
+    app.cli.add_command(jobs_cli)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(api_bp)
+    return app

@@ -1,0 +1,32 @@
+"""Bearer-token authentication for everything under /api/v1."""
+
+from __future__ import annotations
+
+from flask import Response
+from flask_httpauth import HTTPTokenAuth
+
+from mealquest.errors import error_response
+from mealquest.extensions import get_store
+from mealquest.households import Household, household_for_token
+
+token_auth = HTTPTokenAuth(scheme="Bearer")
+
+
+@token_auth.verify_token
+def _verify_token(token: str) -> Household | None:
+    if not token:
+        return None
+    return household_for_token(get_store(), token)
+
+
+@token_auth.error_handler
+def _auth_error(status: int) -> tuple[Response, int]:
+    # flask-httpauth sends a bare body as 200: the status must be returned too.
+    return error_response(status, "unauthorized", "a valid bearer token is required")
+
+
+def current_household() -> Household:
+    household = token_auth.current_user()
+    if not isinstance(household, Household):  # only reachable if a route skips auth
+        raise RuntimeError("no authenticated household")
+    return household

@@ -1,0 +1,102 @@
+"""Administration commands: `flask db ...`, `flask households create`, `flask tokens ...`.
+
+Each command is a thin wrapper around a plain function of its module.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+from flask import Flask, current_app
+from flask.cli import AppGroup
+
+from mealquest import households, migrations
+from mealquest.extensions import get_store
+
+db_cli = AppGroup("db", help="Database migrations.")
+households_cli = AppGroup("households", help="Households.")
+tokens_cli = AppGroup("tokens", help="API tokens of households.")
+
+
+def _fail(error: Exception) -> click.ClickException:
+    return click.ClickException(str(error))
+
+
+@db_cli.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every pending migration."""
+    try:
+        applied = migrations.upgrade(current_app.config["DATABASE"])
+    except migrations.MigrationError as error:
+        raise _fail(error) from None
+    for migration in applied:
+        click.echo(f"applied {migration.path.name}")
+    click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
+
+
+@db_cli.command("status")
+def db_status() -> None:
+    """List applied and pending migrations; exits 1 while any is pending."""
+    try:
+        states = migrations.status(current_app.config["DATABASE"])
+    except migrations.MigrationError as error:
+        raise _fail(error) from None
+    for state in states:
+        when = f"applied {state.applied_at}" if state.applied else "pending"
+        click.echo(f"{state.migration.path.name}  {when}")
+    if any(not state.applied for state in states):
+        raise click.exceptions.Exit(1)
+
+
+@households_cli.command("create")
+@click.argument("name")
+def households_create(name: str) -> None:
+    """Create a household; prints its id and first token (shown only this once)."""
+    try:
+        issued = households.create_household(get_store(), name)
+    except households.HouseholdError as error:
+        raise _fail(error) from None
+    click.echo(json.dumps({"household_id": issued.household_id, "token": issued.token}))
+
+
+@households_cli.command("list")
+def households_list() -> None:
+    """Households with their number of live tokens."""
+    for household, tokens in households.list_households(get_store()):
+        click.echo(f"{household.id}  {household.name}  tokens={tokens}")
+
+
+@tokens_cli.command("create")
+@click.argument("household_id", type=int)
+def tokens_create(household_id: int) -> None:
+    """Make another token for a household (shown only this once)."""
+    try:
+        issued = households.create_token(get_store(), household_id)
+    except households.HouseholdError as error:
+        raise _fail(error) from None
+    click.echo(
+        json.dumps(
+            {
+                "household_id": issued.household_id,
+                "token_id": issued.token_id,
+                "token": issued.token,
+            }
+        )
+    )
+
+
+@tokens_cli.command("revoke")
+@click.argument("token_id", type=int)
+def tokens_revoke(token_id: int) -> None:
+    """Revoke a token: requests with it are refused from now on."""
+    try:
+        households.revoke_token(get_store(), token_id)
+    except households.HouseholdError as error:
+        raise _fail(error) from None
+    click.echo(f"token {token_id} revoked")
+
+
+def init_app(app: Flask) -> None:
+    for group in (db_cli, households_cli, tokens_cli):
+        app.cli.add_command(group)

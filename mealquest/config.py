@@ -1,0 +1,41 @@
+"""Configuration defaults; every key is documented in the README.
+
+`create_app` reads these, then `MEALQUEST_*` environment variables (Flask's
+`from_prefixed_env`, which parses values as JSON: `MEALQUEST_JOB_WORKERS=8`
+is the number 8), then the mapping a test passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    # SQLite file; None means `mealquest.sqlite3` in the instance folder.
+    "DATABASE": None,
+    # PRAGMA synchronous for every connection: NORMAL (WAL: an OS crash or power
+    # loss may lose the last commits, never corrupt) or FULL (every commit durable).
+    "DB_SYNCHRONOUS": "NORMAL",
+    # How long a read or write may wait for SQLite locks before the caller gets
+    # StoreUnavailable (503 over HTTP).
+    "DB_BUSY_TIMEOUT_SECONDS": 5.0,
+    # Concurrent jobs per process.
+    "JOB_WORKERS": 4,
+    # Idle workers look for due jobs at least this often (jobs enqueued by this
+    # process wake them at once; retries whose run-at comes are found this way).
+    "JOB_POLL_SECONDS": 1.0,
+    # How often an idle pool checks `PRAGMA data_version` to notice jobs
+    # enqueued by other processes without waiting for the poll.
+    "JOB_CHANGE_CHECK_SECONDS": 0.005,
+    # A running job's lease; a process renews the leases of its jobs every
+    # JOB_HEARTBEAT_SECONDS, and a lease not renewed in time is rescued.
+    "JOB_LEASE_SECONDS": 30.0,
+    "JOB_HEARTBEAT_SECONDS": 10.0,
+    # How often each process rescues jobs whose lease expired.
+    "JOB_RESCUE_SECONDS": 15.0,
+    # How long a stopping pool lets running jobs finish before it stops them.
+    "JOB_STOP_TIMEOUT_SECONDS": 25.0,
+    # Flask: the largest request body accepted (413 above it).
+    "MAX_CONTENT_LENGTH": 64 * 1024,
+    # Level of the service's own log lines (stderr).
+    "LOG_LEVEL": "INFO",
+}

@@ -1,0 +1,103 @@
+"""The one error envelope, `{"error": {"code", "message"[, "fields"]}}`, for every error.
+
+Registered at app level so routing 404s and 405s, Flask's 413 and 415, and
+unexpected exceptions all answer in the same shape. A 500 never echoes the
+exception: its text may quote a URL, a token or a dependency's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, jsonify
+from marshmallow import ValidationError
+from werkzeug.exceptions import HTTPException
+
+from mealquest.store import StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+# HTTP status -> (code, message) for errors raised by Flask and werkzeug.
+_HTTP_CODES: dict[int, tuple[str, str]] = {
+    400: ("validation_error", "the request is not valid"),
+    401: ("unauthorized", "a valid bearer token is required"),
+    404: ("not_found", "not found"),
+    405: ("method_not_allowed", "method not allowed"),
+    413: ("payload_too_large", "the request body is too large"),
+    415: ("unsupported_media_type", "the request body must be JSON"),
+    503: ("unavailable", "the service is busy; try again shortly"),
+}
+
+
+class APIError(Exception):
+    """An error answered to the client as it is: its code and message are safe to show."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = fields
+
+
+def not_found(message: str) -> APIError:
+    return APIError(404, "not_found", message)
+
+
+def error_response(
+    status: int, code: str, message: str, fields: dict[str, Any] | None = None
+) -> tuple[Response, int]:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if fields is not None:
+        body["fields"] = fields
+    return jsonify(error=body), status
+
+
+def _api_error(error: APIError) -> tuple[Response, int]:
+    return error_response(error.status, error.code, error.message, error.fields)
+
+
+def _validation_error(error: ValidationError) -> tuple[Response, int]:
+    messages = error.messages if isinstance(error.messages, dict) else {"_schema": error.messages}
+    return error_response(400, "validation_error", "the request is not valid", messages)
+
+
+def _http_error(error: HTTPException) -> tuple[Response, int] | Response:
+    status = error.code or 500
+    code, message = _HTTP_CODES.get(status, ("internal", "internal error"))
+    if status == 400:
+        # Flask's own 400s come from the request as a whole (mostly a body
+        # that is not valid JSON), not from one field.
+        return error_response(400, code, message, {"_body": ["the request body is not valid"]})
+    response, status = error_response(status, code, message)
+    allowed = error.get_response().headers.get("Allow") if status == 405 else None
+    if allowed:
+        response.headers["Allow"] = allowed
+    return response, status
+
+
+def _unavailable(_error: StoreUnavailable) -> tuple[Response, int]:
+    logger.warning("database busy past the deadline; answered 503")
+    return error_response(503, *_HTTP_CODES[503])
+
+
+def _internal(error: Exception) -> tuple[Response, int]:
+    if isinstance(error, HTTPException):
+        return _http_error(error)
+    logger.exception("unhandled error")
+    return error_response(500, "internal", "internal error")
+
+
+def init_app(app: Flask) -> None:
+    app.register_error_handler(APIError, _api_error)
+    app.register_error_handler(ValidationError, _validation_error)
+    app.register_error_handler(StoreUnavailable, _unavailable)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _internal)

@@ -1,0 +1,49 @@
+"""`/api/v1/jobs`: a household reads its own jobs, and only its own."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Blueprint, request
+
+from mealquest.auth import current_household
+from mealquest.errors import not_found
+from mealquest.extensions import get_jobs
+from mealquest.jobs.schemas import JobListQuerySchema, JobListSchema, JobSchema
+from mealquest.pagination import decode_cursor, paginate
+
+bp = Blueprint("jobs", __name__, url_prefix="/jobs")
+
+_JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+_job_schema = JobSchema()
+_list_schema = JobListSchema()
+_query_schema = JobListQuerySchema()
+
+
+@bp.get("/<job_id>")
+def get_job(job_id: str) -> dict[str, Any]:
+    # A malformed id, an unknown id and another household's job all answer
+    # the same 404, so ids cannot be probed across households.
+    job = None
+    if _JOB_ID.match(job_id):
+        job = get_jobs().get(job_id, household_id=current_household().id)
+    if job is None:
+        raise not_found("job not found")
+    return _job_schema.dump(job)
+
+
+@bp.get("")
+def list_jobs() -> dict[str, Any]:
+    query = _query_schema.load(request.args)
+    limit = query["limit"]
+    before = decode_cursor(query["cursor"]) if query["cursor"] else None
+    jobs = get_jobs().list(
+        household_id=current_household().id,
+        status=query["status"],
+        kind=query["kind"],
+        before_seq=before,
+        limit=limit + 1,
+    )
+    page, cursor = paginate(jobs, limit, lambda job: job.seq)
+    return _list_schema.dump({"jobs": page, "next_cursor": cursor})

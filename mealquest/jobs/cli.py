@@ -1,0 +1,75 @@
+"""`flask jobs list | show | work`: the operator's view of the queue, and a foreground pool."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import click
+import gevent
+from flask import current_app
+from flask.cli import AppGroup
+
+from mealquest import migrations
+from mealquest.extensions import get_jobs
+from mealquest.jobs.model import Job, Status
+
+jobs_cli = AppGroup("jobs", help="The job queue.")
+
+
+def _summary(job: Job) -> str:
+    error = f"  error={job.error}" if job.error else ""
+    return (
+        f"{job.id}  {job.status.value:<9}  {job.kind}  household={job.household_id}  "
+        f"attempt={job.attempt}/{job.max_attempts}  created={job.created_at}{error}"
+    )
+
+
+@jobs_cli.command("list")
+@click.option("--status", type=click.Choice([s.value for s in Status]), default=None)
+@click.option("--kind", default=None)
+@click.option("--household", "household_id", type=int, default=None)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+def jobs_list(status: str | None, kind: str | None, household_id: int | None, limit: int) -> None:
+    """Jobs newest first."""
+    jobs = get_jobs().list(
+        household_id=household_id,
+        status=Status(status) if status else None,
+        kind=kind,
+        limit=limit,
+    )
+    for job in jobs:
+        click.echo(_summary(job))
+
+
+@jobs_cli.command("show")
+@click.argument("job_id")
+def jobs_show(job_id: str) -> None:
+    """Every column of one job, as JSON."""
+    job = get_jobs().get(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id}")
+    row = {**job.__dict__, "status": job.status.value}
+    click.echo(json.dumps(row, indent=2, sort_keys=True))
+
+
+@jobs_cli.command("work")
+def jobs_work() -> None:
+    """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully."""
+    service = get_jobs()
+    try:
+        pool = service.start_pool()
+    except migrations.DatabaseNotMigrated as error:
+        raise click.ClickException(str(error)) from None
+    stop_requested = gevent.event.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(signum, stop_requested.set)
+    click.echo(f"working with {service.settings.workers} workers; Ctrl-C stops", err=True)
+    stop_requested.wait()
+    click.echo("stopping: waiting for running jobs", err=True)
+    report = pool.stop(float(current_app.config["JOB_STOP_TIMEOUT_SECONDS"]))
+    click.echo(
+        f"stopped: {report.finished} finished, {len(report.requeued)} re-queued, "
+        f"{len(report.failed)} interrupted",
+        err=True,
+    )

@@ -1,0 +1,31 @@
+"""The job runner's own exceptions; each docstring is its message."""
+
+from __future__ import annotations
+
+
+class JobsError(Exception):
+    """The job runner refused an operation."""
+
+
+class RegistrationError(JobsError):
+    """A job kind could not be registered."""
+
+
+class UnknownKind(JobsError):
+    """No handler is registered for that job kind."""
+
+
+class PoolAlreadyStarted(JobsError):
+    """The pool has already been started."""
+
+
+class LeaseLost(BaseException):
+    """This worker no longer holds the job's lease; the job is someone else's now.
+
+    A BaseException, like gevent's Timeout and GreenletExit, so that a handler's
+    `except Exception` cannot swallow it and write on.
+    """
+
+
+class PoolStopping(BaseException):
+    """The pool is stopping and did not wait for this job any longer."""

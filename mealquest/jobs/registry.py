@@ -1,0 +1,156 @@
+"""Job kinds: a handler with its typed payload and result, and how it retries.
+
+Payloads and results cross the database as JSON and are typed by marshmallow
+schemas only at these edges: unknown fields are rejected, as the reference's
+`DisallowUnknownFields` did; inside, handlers see plain loaded values.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from marshmallow import RAISE, Schema, ValidationError
+
+from mealquest.jobs.errors import RegistrationError
+
+if TYPE_CHECKING:
+    from mealquest.jobs.runner import JobContext
+
+Handler = Callable[[Any, "JobContext"], Any]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before retry n (n = the attempt that just failed, from 1):
+    `min(max_seconds, base_seconds * factor ** (n - 1))`, spread by ±jitter so
+    that jobs failed together by one outage do not all come back at once."""
+
+    base_seconds: float = 5.0
+    factor: float = 2.0
+    max_seconds: float = 600.0
+    jitter: float = 0.1
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_seconds, self.base_seconds * self.factor ** max(attempt - 1, 0))
+        return base * (1 + random.uniform(-self.jitter, self.jitter))  # noqa: S311 - not crypto
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    max_attempts: int = 1
+    backoff: Backoff = field(default_factory=Backoff)
+    timeout_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise RegistrationError("max_attempts must be at least 1")
+        if self.timeout_seconds <= 0:
+            raise RegistrationError("timeout_seconds must be positive")
+
+
+def _schema(schema: Schema | type[Schema]) -> Schema:
+    instance = schema() if isinstance(schema, type) else schema
+    if not isinstance(instance, Schema):
+        raise RegistrationError("payload and result types must be marshmallow schemas")
+    if instance.unknown != RAISE:
+        raise RegistrationError("job schemas must reject unknown fields (unknown=RAISE)")
+    return instance
+
+
+def encode(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    handler: Handler
+    payload_schema: Schema
+    result_schema: Schema
+    partial_schema: Schema
+    options: KindOptions
+
+    def canonical_payload(self, payload: Mapping[str, Any]) -> str:
+        """Validate a payload and return the JSON stored for it (ValidationError if bad)."""
+        return encode(self.payload_schema.dump(self.payload_schema.load(payload)))
+
+    def load_payload(self, stored: str) -> Any:
+        return self.payload_schema.load(json.loads(stored))
+
+    def encode_result(self, value: Any) -> str:
+        return _encode_typed(self.result_schema, value)
+
+    def encode_partial(self, value: Any) -> str:
+        return _encode_typed(self.partial_schema, value)
+
+
+def _encode_typed(schema: Schema, value: Any) -> str:
+    # dump() does not validate, so a mapping is loaded first (unknown fields
+    # and wrong types raise) and an object is validated after dumping.
+    if isinstance(value, Mapping):
+        return encode(schema.dump(schema.load(value)))
+    data = schema.dump(value)
+    errors = schema.validate(data)
+    if errors:
+        raise ValidationError(errors)
+    return encode(data)
+
+
+class Registry:
+    """The kinds a process knows. Closed when its pool starts: a kind added
+    later would be unknown to the workers already running."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, Kind] = {}
+        self._closed = False
+
+    def register(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        payload: Schema | type[Schema],
+        result: Schema | type[Schema],
+        partial: Schema | type[Schema] | None = None,
+        options: KindOptions | None = None,
+    ) -> Kind:
+        if not name or not name.strip():
+            raise RegistrationError("register: empty kind")
+        if not callable(handler):
+            raise RegistrationError(f"register {name!r}: handler is not callable")
+        kind = Kind(
+            name=name,
+            handler=handler,
+            payload_schema=_schema(payload),
+            result_schema=_schema(result),
+            partial_schema=_schema(partial if partial is not None else result),
+            options=options or KindOptions(),
+        )
+        if self._closed:
+            raise RegistrationError(f"register {name!r}: the pool has already started")
+        if name in self._kinds:
+            raise RegistrationError(f"register {name!r}: kind already registered")
+        self._kinds[name] = kind
+        return kind
+
+    def kind(self, name: str, **kwargs: Any) -> Callable[[Handler], Handler]:
+        """Decorator form of `register`."""
+
+        def decorate(handler: Handler) -> Handler:
+            self.register(name, handler, **kwargs)
+            return handler
+
+        return decorate
+
+    def get(self, name: str) -> Kind | None:
+        return self._kinds.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    def close(self) -> None:
+        self._closed = True

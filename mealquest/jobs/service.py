@@ -1,0 +1,115 @@
+"""The jobs service of one app: its kinds, enqueueing, reading, and the process's pool."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+
+from mealquest import migrations
+from mealquest.clock import to_text, utc_now
+from mealquest.extensions import JOBS_KEY, get_store
+from mealquest.jobs import queries
+from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
+from mealquest.jobs.model import Job, Status
+from mealquest.jobs.registry import Registry
+from mealquest.jobs.runner import Pool, PoolSettings
+from mealquest.store import Store, Transaction
+
+logger = logging.getLogger(__name__)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+class JobService:
+    def __init__(self, store: Store, settings: PoolSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.registry = Registry()
+        self.pool: Pool | None = None
+
+    def enqueue(
+        self,
+        kind_name: str,
+        payload: Mapping[str, Any],
+        *,
+        household_id: int,
+        tx: Transaction | None = None,
+    ) -> str:
+        """Validate `payload` for the kind and store a queued job; returns its id.
+
+        With `tx`, the job joins that open transaction and commits (or not)
+        with the caller's own writes; the pool is woken only after the commit.
+        A bad payload raises marshmallow's ValidationError and stores nothing.
+        """
+        kind = self.registry.get(kind_name)
+        if kind is None:
+            raise UnknownKind(f"{UnknownKind.__doc__}: {kind_name}")
+        payload_json = kind.canonical_payload(payload)
+        job_id = new_job_id()
+
+        def insert(tx: Transaction) -> None:
+            queries.insert_job(
+                tx,
+                job_id=job_id,
+                household_id=household_id,
+                kind=kind_name,
+                payload=payload_json,
+                max_attempts=kind.options.max_attempts,
+                now=to_text(utc_now()),
+            )
+            tx.after_commit(self._wake_pool)
+
+        if tx is None:
+            self.store.write(insert)
+        else:
+            insert(tx)
+        return job_id
+
+    def _wake_pool(self) -> None:
+        if self.pool is not None:
+            self.pool.wake()
+
+    def get(self, job_id: str, *, household_id: int | None = None) -> Job | None:
+        return self.store.read(queries.get_job, job_id, household_id)
+
+    def list(
+        self,
+        *,
+        household_id: int | None = None,
+        status: Status | None = None,
+        kind: str | None = None,
+        before_seq: int | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        return self.store.read(
+            lambda conn: queries.list_jobs(
+                conn,
+                household_id=household_id,
+                status=status,
+                kind=kind,
+                before_seq=before_seq,
+                limit=limit,
+            )
+        )
+
+    def start_pool(self) -> Pool:
+        """Start this process's pool (once). Refuses a database behind the migrations."""
+        if self.pool is not None:
+            raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
+        self.store.read(migrations.require_current_of, migrations.discover())
+        pool = Pool(self.store, self.registry, self.settings)
+        pool.start()
+        self.pool = pool
+        return pool
+
+
+def init_app(app: Flask) -> JobService:
+    service = JobService(get_store(app), PoolSettings.from_config(app.config))
+    app.extensions[JOBS_KEY] = service
+    return service

@@ -1,0 +1,211 @@
+"""The SQLite store, shaped so that no SQLite lock wait ever blocks the gevent hub.
+
+`sqlite3` is a blocking C library that gevent cannot patch: a write waiting on
+another process's lock from a greenlet would freeze every greenlet of the
+process (and gunicorn kills a worker whose hub is blocked too long). So:
+
+* every write runs whole (`BEGIN IMMEDIATE` ... `COMMIT`) inside the one
+  native thread of a `gevent.threadpool.ThreadPool(1)`, on the process's only
+  writer connection; the calling greenlet waits cooperatively;
+* reads use their own connection with a tiny busy timeout and a cooperative
+  retry, so a lock costs the hub milliseconds, not seconds;
+* both give up at a deadline with `StoreUnavailable` (503 over HTTP);
+* connections and the thread are made lazily in the process that uses them
+  and refuse to be used after a `fork`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import gevent
+from gevent.threadpool import ThreadPool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+# A read on the hub thread may hold the hub this long per try before retrying.
+_READ_BUSY_TIMEOUT_MS = 10
+_SQLITE_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class StoreError(Exception):
+    """The store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database stayed locked or unreachable past the deadline; try again later."""
+
+
+class StoreUsedAcrossFork(StoreError):
+    """A store opened in one process was used in another (after fork); open a new one."""
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in _SQLITE_BUSY_CODES
+
+
+def connect(path: str, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
+    """Open a connection with the project's pragmas and explicit transactions."""
+    if synchronous.upper() not in SYNCHRONOUS_MODES:
+        raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    return conn
+
+
+class Transaction:
+    """An open write transaction inside the writer thread.
+
+    Callbacks given to `after_commit` run in the calling greenlet once the
+    transaction has committed, never inside the native thread: that is where
+    gevent objects (the pool's wake event) may be signalled.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.after_commit_callbacks: list[Callable[[], None]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self.conn.executemany(sql, rows)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.after_commit_callbacks.append(callback)
+
+
+class Store:
+    """One process's access to the database: a writer thread and a reader connection."""
+
+    def __init__(
+        self, path: str, *, synchronous: str = "NORMAL", busy_timeout_seconds: float = 5.0
+    ) -> None:
+        if synchronous.upper() not in SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+        self.path = path
+        self.synchronous = synchronous.upper()
+        self.busy_timeout_seconds = float(busy_timeout_seconds)
+        self._pid = os.getpid()
+        self._writer_pool: ThreadPool | None = None
+        self._writer_conn: sqlite3.Connection | None = None
+        self._reader_conn: sqlite3.Connection | None = None
+
+    # -- writes -----------------------------------------------------------------
+
+    def write(
+        self, fn: Callable[Concatenate[Transaction, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run `fn(tx, ...)` as one write transaction in the writer thread.
+
+        The transaction commits if `fn` returns and rolls back if it raises;
+        either way nothing of it spans a greenlet switch.
+        """
+        self._check_process()
+        if self._writer_pool is None:
+            self._writer_pool = ThreadPool(1)
+        deadline = time.monotonic() + self.busy_timeout_seconds
+        result, callbacks = self._writer_pool.apply(self._run_write, (fn, args, kwargs, deadline))
+        for callback in callbacks:
+            callback()
+        return result
+
+    def _run_write(
+        self, fn: Callable[..., T], args: tuple, kwargs: dict, deadline: float
+    ) -> tuple[T, list[Callable[[], None]]]:
+        # Runs in the native writer thread: no gevent calls here.
+        if time.monotonic() > deadline:
+            raise StoreUnavailable(StoreUnavailable.__doc__)
+        if self._writer_conn is None:
+            self._writer_conn = connect(
+                self.path,
+                synchronous=self.synchronous,
+                busy_timeout_ms=int(self.busy_timeout_seconds * 1000),
+            )
+        conn = self._writer_conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            if is_busy(error):
+                raise StoreUnavailable(StoreUnavailable.__doc__) from None
+            raise
+        tx = Transaction(conn)
+        try:
+            result = fn(tx, *args, **kwargs)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result, tx.after_commit_callbacks
+
+    # -- reads ------------------------------------------------------------------
+
+    def read(self, fn: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args) -> T:
+        """Run the pure read `fn(conn, ...)` on the reader connection.
+
+        A busy database is retried cooperatively (the hub runs between tries)
+        until the deadline; `fn` may therefore run more than once.
+        """
+        conn = self._reader()
+        deadline = time.monotonic() + self.busy_timeout_seconds
+        delay = 0.001
+        while True:
+            try:
+                return fn(conn, *args)
+            except sqlite3.OperationalError as error:
+                if not is_busy(error):
+                    raise
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(StoreUnavailable.__doc__) from None
+                gevent.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def data_version(self) -> int:
+        """SQLite's counter that changes when another connection commits (microseconds)."""
+        return self.read(lambda conn: conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _reader(self) -> sqlite3.Connection:
+        self._check_process()
+        if self._reader_conn is None:
+            conn = connect(
+                self.path, synchronous=self.synchronous, busy_timeout_ms=_READ_BUSY_TIMEOUT_MS
+            )
+            conn.execute("PRAGMA query_only = ON")
+            self._reader_conn = conn
+        return self._reader_conn
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise StoreUsedAcrossFork(StoreUsedAcrossFork.__doc__)
+
+    def close(self) -> None:
+        """Close both connections and stop the writer thread (same process only)."""
+        if os.getpid() != self._pid:
+            return
+        if self._writer_pool is not None:
+            if self._writer_conn is not None:
+                self._writer_pool.apply(self._writer_conn.close)
+                self._writer_conn = None
+            self._writer_pool.kill()
+            self._writer_pool = None
+        if self._reader_conn is not None:
+            self._reader_conn.close()
+            self._reader_conn = None

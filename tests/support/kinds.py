@@ -1,0 +1,149 @@
+"""Job kinds the tests register: real handlers, so the real runner runs them."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gevent
+from marshmallow import Schema, fields
+
+from mealquest.jobs.model import Failure
+from mealquest.jobs.registry import Backoff, KindOptions, Registry
+from mealquest.jobs.runner import JobContext
+
+SECRET = "sk_live_TOPSECRET_7f3a9"
+
+
+class ValueSchema(Schema):
+    value = fields.Integer(required=True, strict=True)
+
+
+class MessageSchema(Schema):
+    message = fields.String(required=True)
+
+
+class SecretSchema(Schema):
+    secret = fields.String(required=True)
+
+
+class SecondsSchema(Schema):
+    seconds = fields.Float(required=True)
+
+
+class StepsSchema(Schema):
+    steps = fields.Integer(required=True, strict=True)
+    pause = fields.Float(load_default=0.0)
+
+
+class StepResultSchema(Schema):
+    step = fields.Integer(required=True, strict=True)
+    done = fields.Boolean(load_default=False)
+
+
+class EmptySchema(Schema):
+    pass
+
+
+class LogSchema(Schema):
+    log = fields.String(required=True)
+    seconds = fields.Float(load_default=0.0)
+
+
+class FlakySchema(Schema):
+    fail_times = fields.Integer(required=True, strict=True)
+
+
+class AttemptSchema(Schema):
+    attempt = fields.Integer(required=True, strict=True)
+
+
+def succeed(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return {"value": payload["value"]}
+
+
+def fail_with_failure(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    raise Failure(payload["message"])
+
+
+def raise_secret_error(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    raise RuntimeError(f"upstream answered 500 for https://api.example/?token={payload['secret']}")
+
+
+def sleep(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    gevent.sleep(payload["seconds"])
+    return {}
+
+
+def publish_then_finish(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    for step in range(1, payload["steps"] + 1):
+        ctx.publish({"step": step})
+        gevent.sleep(payload["pause"])
+    return {"step": payload["steps"], "done": True}
+
+
+def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Records each run in a file shared by processes (O_APPEND lines are atomic)."""
+    if payload["seconds"]:
+        gevent.sleep(payload["seconds"])
+    fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{ctx.job_id} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    return {}
+
+
+def flaky(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    if ctx.attempt <= payload["fail_times"]:
+        raise ConnectionError(f"flaky dependency, token={SECRET}")
+    return {"attempt": ctx.attempt}
+
+
+def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return {"value": "not a number"}
+
+
+FAST_RETRY = Backoff(base_seconds=0.01, factor=2.0, max_seconds=0.05, jitter=0.0)
+
+
+def register_test_kinds(registry: Registry) -> None:
+    registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
+    registry.register("fail_with_failure", fail_with_failure, payload=MessageSchema, result=EmptySchema)
+    registry.register(
+        "raise_secret_error", raise_secret_error, payload=SecretSchema, result=EmptySchema
+    )
+    registry.register("sleep", sleep, payload=SecondsSchema, result=EmptySchema)
+    registry.register(
+        "sleep_retried",
+        sleep,
+        payload=SecondsSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "hang",
+        sleep,
+        payload=SecondsSchema,
+        result=EmptySchema,
+        options=KindOptions(timeout_seconds=0.3),
+    )
+    registry.register(
+        "hang_retried",
+        sleep,
+        payload=SecondsSchema,
+        result=EmptySchema,
+        options=KindOptions(timeout_seconds=0.3, max_attempts=2, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "publish_then_finish", publish_then_finish, payload=StepsSchema, result=StepResultSchema
+    )
+    registry.register("append_job_id", append_job_id, payload=LogSchema, result=EmptySchema)
+    registry.register(
+        "flaky",
+        flaky,
+        payload=FlakySchema,
+        result=AttemptSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register("bad_result", bad_result, payload=EmptySchema, result=ValueSchema)
