@@ -109,7 +109,9 @@ FAST_RETRY = Backoff(base_seconds=0.01, factor=2.0, max_seconds=0.05, jitter=0.0
 
 def register_test_kinds(registry: Registry) -> None:
     registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
-    registry.register("fail_with_failure", fail_with_failure, payload=MessageSchema, result=EmptySchema)
+    registry.register(
+        "fail_with_failure", fail_with_failure, payload=MessageSchema, result=EmptySchema
+    )
     registry.register(
         "raise_secret_error", raise_secret_error, payload=SecretSchema, result=EmptySchema
     )

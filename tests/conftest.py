@@ -1,0 +1,105 @@
+"""Fixtures: a real SQLite file in a temp dir, migrated by the real migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient, FlaskCliRunner
+
+from mealquest import create_app, migrations
+from mealquest.extensions import get_jobs, get_store
+from mealquest.households import IssuedToken, create_household
+from mealquest.jobs.service import JobService
+from mealquest.store import Store
+from tests.support.kinds import register_test_kinds
+
+# Short times so tests wait on conditions for fractions of a second.
+FAST_POOL = {
+    "JOB_POLL_SECONDS": 0.05,
+    "JOB_LEASE_SECONDS": 2.0,
+    "JOB_HEARTBEAT_SECONDS": 0.3,
+    "JOB_RESCUE_SECONDS": 0.3,
+}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
+    """Poll `condition` cooperatively (greenlets run meanwhile) until truthy or the deadline."""
+    deadline = gevent.get_hub().loop.now() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if gevent.get_hub().loop.now() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        gevent.sleep(interval)
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    path = str(tmp_path / "mealquest.sqlite3")
+    migrations.upgrade(path)
+    return path
+
+
+@pytest.fixture
+def make_app(db_path: str) -> Iterator[Callable[..., Flask]]:
+    """Builds apps on the test database; stops their pools and closes their stores after."""
+    apps: list[Flask] = []
+
+    def make(**config: Any) -> Flask:
+        app = create_app({"TESTING": True, "DATABASE": db_path, **FAST_POOL, **config})
+        register_test_kinds(get_jobs(app).registry)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        pool = get_jobs(app).pool
+        if pool is not None:
+            pool.stop(timeout=1)
+        get_store(app).close()
+
+
+@pytest.fixture
+def app(make_app: Callable[..., Flask]) -> Flask:
+    return make_app()
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app: Flask) -> FlaskCliRunner:
+    return app.test_cli_runner()
+
+
+@pytest.fixture
+def store(app: Flask) -> Store:
+    return get_store(app)
+
+
+@pytest.fixture
+def jobs(app: Flask) -> JobService:
+    return get_jobs(app)
+
+
+@pytest.fixture
+def household(store: Store) -> IssuedToken:
+    return create_household(store, "The Smiths")
+
+
+@pytest.fixture
+def other_household(store: Store) -> IssuedToken:
+    return create_household(store, "The Joneses")
+
+
+@pytest.fixture
+def auth(household: IssuedToken) -> dict[str, str]:
+    return {"Authorization": f"Bearer {household.token}"}
