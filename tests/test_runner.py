@@ -1,0 +1,437 @@
+"""The runner's behaviour, ported from the reference, on a real database and real pool."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import gevent
+import pytest
+from marshmallow import Schema, ValidationError, fields
+
+from mealquest.clock import to_text, utc_now
+from mealquest.extensions import get_jobs, get_store
+from mealquest.jobs import queries
+from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
+from mealquest.jobs.maintenance import Rescuer
+from mealquest.jobs.model import Status
+from mealquest.jobs.registry import KindOptions, Registry
+from mealquest.jobs.runner import Pool, PoolSettings
+from tests.conftest import wait_for
+from tests.support.kinds import SECRET, ValueSchema, succeed
+
+
+def final(jobs, job_id: str):
+    job = jobs.get(job_id)
+    return job if job.status in (Status.SUCCEEDED, Status.FAILED) else None
+
+
+def raw_row(store, job_id: str) -> dict:
+    return dict(
+        store.read(
+            lambda conn: conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        )
+    )
+
+
+@pytest.fixture
+def mealquest_logs() -> Iterator[list[logging.LogRecord]]:
+    """Every record the service logs (its logger does not propagate to the root)."""
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level=logging.DEBUG)
+    logger = logging.getLogger("mealquest")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def test_jobs_run_oldest_first(make_app, household):
+
+    app = make_app(JOB_WORKERS=1)
+    jobs = get_jobs(app)
+    ids = [
+        jobs.enqueue("succeed", {"value": i}, household_id=household.household_id)
+        for i in range(20)
+    ]
+    jobs.start_pool()
+    wait_for(lambda: all(final(jobs, i) for i in ids))
+    finished = [jobs.get(i) for i in ids]
+    assert [job.result for job in finished] == [{"value": i} for i in range(20)]
+    started = [job.started_at for job in finished]
+    assert started == sorted(started)
+
+
+def test_enqueue_wakes_an_idle_pool_before_the_poll(make_app, household):
+
+    # A poll far beyond the test's deadline: only the wake can start the job in time.
+    app = make_app(JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
+    jobs = get_jobs(app)
+    jobs.start_pool()
+    gevent.sleep(0)  # let the dispatcher go idle
+    job_id = jobs.enqueue("succeed", {"value": 7}, household_id=household.household_id)
+    assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 7}
+
+
+def test_partial_results_are_visible_while_running_then_the_final_one(jobs, household):
+    job_id = jobs.enqueue(
+        "publish_then_finish", {"steps": 3, "pause": 0.2}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    seen = wait_for(lambda: jobs.get(job_id).result)
+    assert jobs.get(job_id).status == Status.RUNNING
+    assert seen == {"step": 1, "done": False}
+    done = wait_for(lambda: final(jobs, job_id))
+    assert done.status == Status.SUCCEEDED
+    assert done.result == {"step": 3, "done": True}
+
+
+def test_failure_message_is_stored(jobs, household):
+    job_id = jobs.enqueue(
+        "fail_with_failure",
+        {"message": "the page has no recipe"},
+        household_id=household.household_id,
+    )
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert job.status == Status.FAILED
+    assert job.error == "the page has no recipe"
+    assert job.result is None
+
+
+def test_other_errors_are_stored_as_internal_error_and_the_secret_stays_out(
+    jobs, store, client, auth, household, mealquest_logs
+):
+    job_id = jobs.enqueue(
+        "raise_secret_error", {"secret": SECRET}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert job.error == "internal error"
+    row = raw_row(store, job_id)
+    assert SECRET not in json.dumps({k: v for k, v in row.items() if k != "payload"})
+    answer = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
+    assert answer.json == {
+        "id": job_id,
+        "kind": "raise_secret_error",
+        "status": "failed",
+        "result": None,
+        "error": "internal error",
+    }
+    assert SECRET not in answer.get_data(as_text=True)
+    below_error = [r for r in mealquest_logs if r.levelno < logging.ERROR]
+    assert below_error
+    for record in below_error:
+        assert SECRET not in record.getMessage()
+        assert record.exc_info is None
+    errors = [r for r in mealquest_logs if r.levelno >= logging.ERROR]
+    assert [(r.job_id, r.kind) for r in errors] == [(job_id, "raise_secret_error")]
+
+
+def test_a_retried_error_logs_no_secret_below_error(jobs, household, mealquest_logs):
+    job_id = jobs.enqueue("flaky", {"fail_times": 2}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert job.status == Status.SUCCEEDED
+    assert job.result == {"attempt": 3}
+    assert job.attempt == 3
+    for record in mealquest_logs:
+        assert SECRET not in record.getMessage()
+        assert record.exc_info is None
+
+
+def test_unknown_kind_fails_the_job(jobs, store, household):
+    job_id = "f" * 32
+
+    def insert(tx):
+        queries.insert_job(
+            tx,
+            job_id=job_id,
+            household_id=household.household_id,
+            kind="retired_kind",
+            payload="{}",
+            max_attempts=1,
+            now="2026-01-01T00:00:00.000000Z",
+        )
+
+    store.write(insert)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert job.status == Status.FAILED
+    assert job.error == "no handler for job kind retired_kind"
+
+
+def test_a_payload_that_no_longer_loads_is_an_internal_error(jobs, store, household):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    store.write(
+        lambda tx: tx.execute(
+            "UPDATE jobs SET payload = ? WHERE id = ?", ('{"value": 1, "renamed": true}', job_id)
+        )
+    )
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error) == (Status.FAILED, "internal error")
+
+
+def test_a_result_that_breaks_its_schema_is_an_internal_error(jobs, household):
+    job_id = jobs.enqueue("bad_result", {}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.result) == (Status.FAILED, "internal error", None)
+
+
+def test_enqueue_validates_the_payload_and_stores_nothing_when_bad(jobs, store, household):
+    with pytest.raises(ValidationError) as caught:
+        jobs.enqueue("succeed", {"value": "5", "extra": 1}, household_id=household.household_id)
+    assert set(caught.value.messages) == {"value", "extra"}
+    with pytest.raises(UnknownKind):
+        jobs.enqueue("no_such_kind", {}, household_id=household.household_id)
+    assert store.read(lambda conn: conn.execute("SELECT count(*) FROM jobs").fetchone()[0]) == 0
+
+
+def test_enqueue_joins_the_callers_transaction(jobs, store, household):
+    class Boom(Exception):
+        pass
+
+    def domain_write_then_fail(tx):
+        tx.execute("UPDATE households SET name = 'renamed' WHERE id = ?", (household.household_id,))
+        jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id, tx=tx)
+        raise Boom
+
+    with pytest.raises(Boom):
+        store.write(domain_write_then_fail)
+    counts = store.read(
+        lambda conn: (
+            conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
+            conn.execute("SELECT name FROM households").fetchone()[0],
+        )
+    )
+    assert counts == (0, "The Smiths")
+
+    def domain_write_and_enqueue(tx):
+        tx.execute("UPDATE households SET name = 'renamed' WHERE id = ?", (household.household_id,))
+        return jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, tx=tx)
+
+    job_id = store.write(domain_write_and_enqueue)
+    jobs.start_pool()
+    assert wait_for(lambda: final(jobs, job_id)).result == {"value": 2}
+
+
+def test_register_is_refused_twice_empty_or_after_start(jobs):
+    with pytest.raises(RegistrationError):
+        jobs.registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
+    with pytest.raises(RegistrationError):
+        jobs.registry.register("", succeed, payload=ValueSchema, result=ValueSchema)
+    jobs.start_pool()
+    with pytest.raises(RegistrationError):
+        jobs.registry.register("late", succeed, payload=ValueSchema, result=ValueSchema)
+    with pytest.raises(PoolAlreadyStarted):
+        jobs.start_pool()
+
+
+def test_register_refuses_schemas_that_accept_unknown_fields():
+    class Lenient(Schema):
+        class Meta:
+            unknown = "include"
+
+        value = fields.Integer()
+
+    with pytest.raises(RegistrationError):
+        Registry().register("lenient", succeed, payload=Lenient, result=ValueSchema)
+    with pytest.raises(RegistrationError):
+        KindOptions(max_attempts=0)
+
+
+def test_timeout_fails_the_job(jobs, household):
+    job_id = jobs.enqueue("hang", {"seconds": 30}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "timed out", 1)
+
+
+def test_timeout_with_attempts_left_is_retried_then_fails(jobs, household):
+    job_id = jobs.enqueue("hang_retried", {"seconds": 30}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "timed out", 2)
+
+
+def test_attempts_exhausted_fails_with_internal_error(jobs, household):
+    job_id = jobs.enqueue("flaky", {"fail_times": 5}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.attempt, job.max_attempts) == (
+        Status.FAILED,
+        "internal error",
+        3,
+        3,
+    )
+
+
+def test_a_retry_waits_for_its_backoff(jobs, store, household):
+    job_id = jobs.enqueue("flaky", {"fail_times": 1}, household_id=household.household_id)
+    lease = queries.Lease(job_id, "test-owner", 1)
+    now = utc_now()
+
+    claimed = store.write(
+        queries.claim,
+        owner="test-owner",
+        now=to_text(now),
+        lease_expires_at=to_text(now + timedelta(seconds=30)),
+        limit=10,
+    )
+    assert [job.id for job in claimed] == [job_id]
+    later = to_text(now + timedelta(hours=1))
+    assert store.write(queries.retry, lease, run_at=later, now=to_text(now))
+    job = jobs.get(job_id)
+    assert (job.status, job.run_at, job.result, job.lease_owner) == (
+        Status.QUEUED,
+        later,
+        None,
+        None,
+    )
+    # Not due: a claim now takes nothing; a claim after run_at takes it.
+    assert (
+        store.write(queries.claim, owner="o", now=to_text(now), lease_expires_at=later, limit=5)
+        == []
+    )
+    due = to_text(now + timedelta(hours=2))
+    assert [
+        j.attempt
+        for j in store.write(queries.claim, owner="o", now=due, lease_expires_at=due, limit=5)
+    ] == [2]
+
+
+def test_stop_waits_for_running_jobs_that_finish_in_time(jobs, household):
+    job_id = jobs.enqueue("sleep", {"seconds": 0.2}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    report = pool.stop(timeout=10)
+    assert (report.finished, report.requeued, report.failed) == (1, (), ())
+    assert jobs.get(job_id).status == Status.SUCCEEDED
+
+
+def test_stop_records_handlers_that_do_not_finish_in_time(jobs, household):
+    once = jobs.enqueue("sleep", {"seconds": 60}, household_id=household.household_id)
+    retried = jobs.enqueue("sleep_retried", {"seconds": 60}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    wait_for(lambda: {jobs.get(once).status, jobs.get(retried).status} == {Status.RUNNING})
+    report = pool.stop(timeout=0.1)
+    assert report.finished == 0
+    assert report.failed == (once,)
+    assert report.requeued == (retried,)
+    stopped = jobs.get(once)
+    assert (stopped.status, stopped.error, stopped.lease_owner) == (
+        Status.FAILED,
+        "interrupted by restart",
+        None,
+    )
+    requeued = jobs.get(retried)
+    assert (requeued.status, requeued.attempt, requeued.lease_owner) == (Status.QUEUED, 1, None)
+    # Nothing claims after stop.
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    gevent.sleep(0.2)
+    assert jobs.list(status=Status.RUNNING) == []
+
+
+def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_write(
+    jobs, store, household
+):
+    """The crash test: claim, never finish, rescue with a `now` past the lease."""
+
+    once = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    retried = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
+    now = utc_now()
+    claimed = store.write(
+        queries.claim,
+        owner="dead-worker",
+        now=to_text(now),
+        lease_expires_at=to_text(now + timedelta(seconds=30)),
+        limit=10,
+    )
+    assert {job.id for job in claimed} == {once, retried}
+    rescuer = Rescuer(store)
+    assert rescuer.run_once(now + timedelta(seconds=29)) == queries.Recovered()
+    recovered = rescuer.run_once(now + timedelta(seconds=31))
+    assert recovered == queries.Recovered(requeued=(retried,), failed=(once,))
+    assert (jobs.get(once).status, jobs.get(once).error) == (
+        Status.FAILED,
+        "interrupted by restart",
+    )
+    assert jobs.get(retried).status == Status.QUEUED
+    stale = queries.Lease(once, "dead-worker", 1)
+    stamp = to_text(now)
+    assert not store.write(queries.succeed, stale, result="{}", now=stamp)
+    assert not store.write(queries.publish, stale, result="{}", now=stamp)
+    assert not store.write(queries.fail, stale, error="x", now=stamp)
+    assert store.write(queries.renew_leases, [stale], lease_expires_at=stamp) == set()
+    assert jobs.get(once).error == "interrupted by restart"
+
+
+def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(make_app, household):
+    from mealquest.extensions import get_jobs
+
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    job_id = jobs.enqueue(
+        "publish_then_finish", {"steps": 50, "pause": 0.05}, household_id=household.household_id
+    )
+    pool = jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).result)
+    # Another process's rescuer takes the job back (its view: the lease expired).
+    recovered = store.write(queries.rescue_expired, now=to_text(utc_now() + timedelta(hours=1)))
+    assert recovered.failed == (job_id,)
+    wait_for(lambda: pool.active_jobs() == [])
+    job = jobs.get(job_id)
+    assert (job.status, job.error) == (Status.FAILED, "interrupted by restart")
+    gevent.sleep(0.2)
+    assert jobs.get(job_id).result == job.result
+
+
+def test_heartbeat_renews_leases_of_running_jobs(make_app, household):
+    from mealquest.extensions import get_jobs
+
+    app = make_app(JOB_LEASE_SECONDS=1.0, JOB_HEARTBEAT_SECONDS=0.2)
+    jobs = get_jobs(app)
+    job_id = jobs.enqueue("sleep", {"seconds": 2.5}, household_id=household.household_id)
+    jobs.start_pool()
+    first = wait_for(lambda: jobs.get(job_id).lease_expires_at)
+    wait_for(lambda: (jobs.get(job_id).lease_expires_at or first) > first)
+    # Outlives its 1 s lease because the heartbeat renews it, and is never rescued.
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
+
+
+def test_pool_settings_reject_a_heartbeat_slower_than_the_lease():
+    with pytest.raises(ValueError, match="heartbeat"):
+        PoolSettings(lease_seconds=5, heartbeat_seconds=5)
+    with pytest.raises(ValueError, match="worker"):
+        PoolSettings(workers=0)
+
+
+def test_a_pool_never_fails_running_jobs_of_another_live_owner_at_start(jobs, store, household):
+
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    now = utc_now()
+    store.write(
+        queries.claim,
+        owner="live-worker",
+        now=to_text(now),
+        lease_expires_at=to_text(now + timedelta(minutes=5)),
+        limit=1,
+    )
+    pool = Pool(store, Registry(), PoolSettings(poll_seconds=0.05))
+    pool.start()
+    gevent.sleep(0.2)
+    pool.stop(timeout=1)
+    job = jobs.get(job_id)
+    assert (job.status, job.lease_owner) == (Status.RUNNING, "live-worker")
