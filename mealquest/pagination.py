@@ -26,9 +26,9 @@ def decode_cursor(cursor: str) -> int:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         before = json.loads(raw)["before"]
     except (binascii.Error, ValueError, KeyError, TypeError):
-        raise ValidationError("not a cursor from a previous page", "cursor") from None
+        raise ValidationError({"cursor": ["not a cursor from a previous page"]}) from None
     if not isinstance(before, int) or isinstance(before, bool) or before < 1:
-        raise ValidationError("not a cursor from a previous page", "cursor")
+        raise ValidationError({"cursor": ["not a cursor from a previous page"]})
     return before
 
 

@@ -1,0 +1,131 @@
+"""`/api/v1/jobs`: exact answers, household scoping, filters and pages."""
+
+from __future__ import annotations
+
+import pytest
+
+from mealquest.jobs.model import Status
+from tests.conftest import wait_for
+
+
+def test_get_answers_exactly_the_five_fields(client, auth, jobs, household):
+    job_id = jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+    queued = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
+    assert queued.status_code == 200
+    assert queued.json == {
+        "id": job_id,
+        "kind": "succeed",
+        "status": "queued",
+        "result": None,
+        "error": None,
+    }
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    done = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json
+    assert done == {
+        "id": job_id,
+        "kind": "succeed",
+        "status": "succeeded",
+        "result": {"value": 3},
+        "error": None,
+    }
+
+
+@pytest.mark.parametrize("job_id", ["0" * 32, "not-an-id", "A" * 32, "0" * 31, "%00", "1 OR 1=1"])
+def test_unknown_and_malformed_ids_are_the_same_404(client, auth, job_id):
+    answer = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
+    assert answer.status_code == 404
+    assert answer.json == {"error": {"code": "not_found", "message": "job not found"}}
+
+
+def test_another_households_job_is_indistinguishable_from_unknown(
+    client, auth, jobs, household, other_household
+):
+    theirs = jobs.enqueue("succeed", {"value": 1}, household_id=other_household.household_id)
+    answer = client.get(f"/api/v1/jobs/{theirs}", headers=auth)
+    unknown = client.get(f"/api/v1/jobs/{'0' * 32}", headers=auth)
+    assert (answer.status_code, answer.json) == (unknown.status_code, unknown.json)
+    listed = client.get("/api/v1/jobs", headers=auth).json
+    assert listed == {"jobs": [], "next_cursor": None}
+    other_auth = {"Authorization": f"Bearer {other_household.token}"}
+    assert client.get(f"/api/v1/jobs/{theirs}", headers=other_auth).status_code == 200
+
+
+def test_list_is_newest_first_with_cursor_pages(client, auth, jobs, household):
+    ids = [
+        jobs.enqueue("succeed", {"value": i}, household_id=household.household_id) for i in range(7)
+    ]
+    seen = []
+    cursor = None
+    pages = 0
+    while True:
+        query = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        page = client.get("/api/v1/jobs", headers=auth, query_string=query).json
+        pages += 1
+        seen += [job["id"] for job in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+    assert pages == 3
+    exact = client.get("/api/v1/jobs", headers=auth, query_string={"limit": 7}).json
+    assert len(exact["jobs"]) == 7
+    assert exact["next_cursor"] is None
+
+
+def test_list_default_limit_is_50(client, auth, jobs, household):
+    for i in range(51):
+        jobs.enqueue("succeed", {"value": i}, household_id=household.household_id)
+    page = client.get("/api/v1/jobs", headers=auth).json
+    assert len(page["jobs"]) == 50
+    assert page["next_cursor"] is not None
+
+
+def test_list_filters_by_status_and_kind(client, auth, jobs, household):
+    ok = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    bad = jobs.enqueue("fail_with_failure", {"message": "no"}, household_id=household.household_id)
+    jobs.start_pool()
+    wait_for(
+        lambda: jobs.get(bad).status == Status.FAILED and jobs.get(ok).status == Status.SUCCEEDED
+    )
+
+    def ids(**query):
+        answer = client.get("/api/v1/jobs", headers=auth, query_string=query)
+        assert answer.status_code == 200
+        return [job["id"] for job in answer.json["jobs"]]
+
+    assert ids(status="failed") == [bad]
+    assert ids(status="succeeded") == [ok]
+    assert ids(kind="succeed") == [ok]
+    assert ids(kind="succeed", status="failed") == []
+    assert ids(status="queued") == []
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"status": "done"}, "status"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"cursor": "bm90LWEtY3Vyc29y"}, "cursor"),
+        ({"cursor": "!!!"}, "cursor"),
+        ({"kind": ""}, "kind"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
+def test_bad_filters_are_validation_errors_naming_the_field(client, auth, query, field):
+    answer = client.get("/api/v1/jobs", headers=auth, query_string=query)
+    assert answer.status_code == 400
+    error = answer.json["error"]
+    assert error["code"] == "validation_error"
+    assert field in error["fields"]
+
+
+def test_jobs_routes_need_a_token(client, jobs, household):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    for path in ("/api/v1/jobs", f"/api/v1/jobs/{job_id}"):
+        answer = client.get(path)
+        assert answer.status_code == 401
+        assert answer.json["error"]["code"] == "unauthorized"
+        assert answer.headers["WWW-Authenticate"].startswith("Bearer")
