@@ -94,6 +94,12 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {}
 
 
+def sleep_on_first_attempt(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    if ctx.attempt == 1:
+        gevent.sleep(payload["seconds"])
+    return {}
+
+
 def flaky(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if ctx.attempt <= payload["fail_times"]:
         raise ConnectionError(f"flaky dependency, token={SECRET}")
@@ -146,6 +152,13 @@ def register_test_kinds(registry: Registry) -> None:
         flaky,
         payload=FlakySchema,
         result=AttemptSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "sleep_on_first_attempt",
+        sleep_on_first_attempt,
+        payload=SecondsSchema,
+        result=EmptySchema,
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
     registry.register("bad_result", bad_result, payload=EmptySchema, result=ValueSchema)

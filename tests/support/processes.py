@@ -1,0 +1,83 @@
+"""Real OS processes for tests: started with a clean environment, their output
+collected by a reader thread, and always stopped by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Process:
+    def __init__(self, args: list[str], env: Mapping[str, str]) -> None:
+        self.lines: list[str] = []
+        self.popen = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, signum)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL the whole session if it does not exit in time."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.popen.wait()
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+
+@contextmanager
+def process_group() -> Iterator[list[Process]]:
+    """Collects processes and kills whatever is still running at the end."""
+    processes: list[Process] = []
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.signal(signal.SIGCONT)
+            process.kill()
+            process.popen.wait()
+
+
+def flask_jobs_work(db_path: str, **config: object) -> Process:
+    """A `flask jobs work` process with the test kinds, configured by MEALQUEST_* variables."""
+    env = {"MEALQUEST_DATABASE": db_path}
+    env.update({f"MEALQUEST_{key}": str(value) for key, value in config.items()})
+    flask = [sys.executable, "-m", "flask", "--app", "tests.support.worker_app", "jobs", "work"]
+    return Process(flask, env)

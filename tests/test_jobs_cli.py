@@ -1,0 +1,47 @@
+"""`flask jobs list | show` (the `work` command runs in tests/test_multiprocess.py)."""
+
+from __future__ import annotations
+
+import json
+
+from mealquest.jobs.model import Status
+from tests.conftest import wait_for
+
+
+def test_jobs_list_and_show(runner, jobs, household, other_household):
+    mine = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    theirs = jobs.enqueue(
+        "fail_with_failure", {"message": "nope"}, household_id=other_household.household_id
+    )
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(theirs).status == Status.FAILED)
+    wait_for(lambda: jobs.get(mine).status == Status.SUCCEEDED)
+
+    listed = runner.invoke(args=["jobs", "list"])
+    assert listed.exit_code == 0
+    lines = listed.output.splitlines()
+    assert [line.split()[0] for line in lines] == [theirs, mine]
+    assert "error=nope" in lines[0]
+
+    failed = runner.invoke(args=["jobs", "list", "--status", "failed"])
+    assert [line.split()[0] for line in failed.output.splitlines()] == [theirs]
+    by_household = runner.invoke(args=["jobs", "list", "--household", str(household.household_id)])
+    assert [line.split()[0] for line in by_household.output.splitlines()] == [mine]
+
+    shown = runner.invoke(args=["jobs", "show", mine])
+    assert shown.exit_code == 0
+    row = json.loads(shown.output)
+    assert (row["id"], row["status"], row["result"], row["attempt"]) == (
+        mine,
+        "succeeded",
+        {"value": 1},
+        1,
+    )
+
+
+def test_jobs_show_unknown_and_bad_status(runner):
+    missing = runner.invoke(args=["jobs", "show", "0" * 32])
+    assert missing.exit_code != 0
+    assert "no job" in missing.output
+    bad = runner.invoke(args=["jobs", "list", "--status", "done"])
+    assert bad.exit_code != 0
