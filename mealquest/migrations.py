@@ -77,21 +77,45 @@ def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
 
 
 def split_statements(sql: str) -> Iterator[str]:
-    """Yield the complete statements of a script, triggers included, without running it."""
-    pending = ""
-    for line in sql.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statement = pending.strip()
-            pending = ""
-            if _strip_comments(statement):
+    """Yield the complete statements of a script, triggers included, without running it.
+
+    A statement ends at a `;` that SQLite itself calls the end of a complete
+    statement, so semicolons in strings, comments and trigger bodies do not
+    split, and two statements on one line do.
+    """
+    start = 0
+    for index, char in enumerate(sql):
+        if char == ";" and sqlite3.complete_statement(sql[start : index + 1]):
+            statement = sql[start : index + 1].strip()
+            start = index + 1
+            if _code_of(statement).strip(" \t\r\n;"):
                 yield statement
-    if _strip_comments(pending).strip():
+    if _code_of(sql[start:]).strip():
         raise MigrationError("migration ends with an incomplete statement")
 
 
-def _strip_comments(sql: str) -> str:
-    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines()).strip().strip(";")
+def _code_of(sql: str) -> str:
+    """`sql` without its `--` and `/* */` comments (quoted text is kept as it is)."""
+    code = []
+    index = 0
+    while index < len(sql):
+        char = sql[index]
+        if char in "'\"`[":
+            end = sql.find("]" if char == "[" else char, index + 1)
+            end = len(sql) if end < 0 else end + 1
+            code.append(sql[index:end])
+            index = end
+        elif sql.startswith("--", index):
+            end = sql.find("\n", index)
+            index = len(sql) if end < 0 else end
+        elif sql.startswith("/*", index):
+            end = sql.find("*/", index + 2)
+            index = len(sql) if end < 0 else end + 2
+            code.append(" ")
+        else:
+            code.append(char)
+            index += 1
+    return "".join(code)
 
 
 def _open(path: str) -> sqlite3.Connection:
@@ -211,12 +235,16 @@ def _apply(conn: sqlite3.Connection, migration: Migration) -> None:
             )
             conn.execute("COMMIT")
         except sqlite3.Error as error:
-            conn.execute("ROLLBACK")
+            # Some errors (RAISE(ROLLBACK), a full disk) have already ended the
+            # transaction: a second ROLLBACK would hide the real error.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise MigrationError(
                 f"migration {migration.path.name} failed and was rolled back: {error}"
             ) from error
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise
     finally:
         conn.execute("PRAGMA foreign_keys = ON")
