@@ -435,3 +435,20 @@ def test_a_pool_never_fails_running_jobs_of_another_live_owner_at_start(jobs, st
     pool.stop(timeout=1)
     job = jobs.get(job_id)
     assert (job.status, job.lease_owner) == (Status.RUNNING, "live-worker")
+
+
+def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household):
+    app = make_app(JOB_LEASE_SECONDS=0.6, JOB_HEARTBEAT_SECONDS=0.1)
+    jobs, store = get_jobs(app), get_store(app)
+    job_id = jobs.enqueue("sleep", {"seconds": 1.5}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    stopping = gevent.spawn(pool.stop, 10)
+    rescuer = Rescuer(store)
+    # Another process's rescuer keeps looking while the stopping pool waits.
+    while not stopping.ready():
+        assert rescuer.run_once(utc_now()) == queries.Recovered()
+        gevent.sleep(0.05)
+    assert stopping.get().finished == 1
+    job = jobs.get(job_id)
+    assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)

@@ -143,6 +143,8 @@ class Pool:
         self._wake = Event()
         self._slot_free = Event()
         self._stop_event = Event()
+        # Heartbeats go on while a stopping pool waits for its jobs: set last.
+        self._maintenance_stop = Event()
         self._started = False
         self._dispatcher: Greenlet | None = None
         self._services: list[Greenlet] = []
@@ -191,9 +193,7 @@ class Pool:
         entries = list(self._running.values())
         gevent.joinall([e.greenlet for e in entries if e.greenlet], timeout=timeout)
         left = [e for e in entries if e.greenlet is not None and not e.greenlet.dead]
-        for entry in left:
-            assert entry.greenlet is not None
-            entry.greenlet.kill(PoolStopping, block=True, timeout=5)
+        gevent.killall([e.greenlet for e in left], PoolStopping, block=True, timeout=5)
         recovered = queries.Recovered()
         if left:
             try:
@@ -202,6 +202,7 @@ class Pool:
                 )
             except Exception:
                 logger.exception("could not record stopped jobs; their leases will expire")
+        self._maintenance_stop.set()
         gevent.killall(self._services, block=True, timeout=5)
         report = StopReport(len(entries) - len(left), recovered.requeued, recovered.failed)
         for job_id in report.requeued:
@@ -224,8 +225,9 @@ class Pool:
             try:
                 jobs = self.claim(free)
             except Exception:
-                logger.exception("claiming jobs failed")
-                jobs = []
+                logger.exception("claiming jobs failed; trying again after the poll interval")
+                self._stop_event.wait(self.settings.poll_seconds)
+                continue
             if len(jobs) < free:
                 self._wait_for_work()
 
@@ -250,24 +252,22 @@ class Pool:
         deadline = time.monotonic() + self.settings.poll_seconds
         try:
             version = self.store.data_version()
-        except Exception:
-            logger.exception("reading data_version failed")
-            version = None
-        while not self._stop_event.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            if self._wake.wait(min(self.settings.change_check_seconds, remaining)):
-                return
-            try:
+            while not self._stop_event.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                if self._wake.wait(min(self.settings.change_check_seconds, remaining)):
+                    return
                 current = self.store.data_version()
-                if current != version:
-                    version = current
-                    if self.store.read(queries.has_due_job, to_text(utc_now())):
-                        return
-            except Exception:
-                logger.exception("checking for new jobs failed")
-                return
+                if current == version:
+                    continue
+                version = current
+                # Something committed (maybe only a heartbeat): claim only if a job is due.
+                if self.store.read(queries.has_due_job, to_text(utc_now())):
+                    return
+        except Exception:
+            logger.exception("checking for new jobs failed; waiting for the poll")
+            self._wake.wait(max(deadline - time.monotonic(), 0))
 
     # -- running ----------------------------------------------------------------
 
@@ -304,11 +304,11 @@ class Pool:
     ) -> None:
         context = JobContext(self, job, kind, lease)
         timer = gevent.Timeout(kind.options.timeout_seconds)
-        timer.start()
         try:
-            result = kind.encode_result(kind.handler(payload, context))
+            with timer:  # cancelled however the handler ends
+                value = kind.handler(payload, context)
+            result = kind.encode_result(value)
         except Failure as failure:
-            timer.close()
             logger.info("job failed: %s", failure.message, extra=extra)
             self._record(lease, queries.fail, extra, error=failure.message)
         except gevent.Timeout as timeout:
@@ -318,10 +318,8 @@ class Pool:
             logger.warning("job timed out", extra=extra)
             self._retry_or_fail(job, kind, lease, extra, MESSAGE_TIMED_OUT)
         except Exception as error:
-            timer.close()
             self._unexpected_error(job, kind, lease, extra, error)
         else:
-            timer.close()
             self._record(lease, queries.succeed, extra, result=result)
             logger.info("job succeeded", extra=extra)
 
@@ -372,7 +370,7 @@ class Pool:
     # -- maintenance ------------------------------------------------------------
 
     def _every(self, interval: float, task: Callable[[datetime], object]) -> None:
-        while not self._stop_event.wait(interval):
+        while not self._maintenance_stop.wait(interval):
             try:
                 task(utc_now())
             except Exception:
