@@ -129,3 +129,22 @@ def test_a_frozen_process_that_lost_its_lease_cannot_overwrite_the_rescued_job(
         "interrupted by restart",
         rescued.finished_at,
     )
+
+
+def test_flask_jobs_work_stops_gracefully_and_records_what_it_had_to_stop(
+    db_path, jobs, household, processes
+):
+    # A lease far longer than the test: only the stopping pool can record the job.
+    worker = flask_jobs_work(
+        db_path, JOB_LEASE_SECONDS=600, JOB_HEARTBEAT_SECONDS=60, JOB_STOP_TIMEOUT_SECONDS=0.5
+    )
+    processes.append(worker)
+    wait_for(lambda: ready(worker))
+    quick = jobs.enqueue("sleep", {"seconds": 0.1}, household_id=household.household_id)
+    slow = jobs.enqueue("sleep", {"seconds": 60}, household_id=household.household_id)
+    wait_for(lambda: jobs.get(quick).status == Status.SUCCEEDED)
+    wait_for(lambda: jobs.get(slow).status == Status.RUNNING)
+    assert worker.stop() == 0, worker.output()
+    job = jobs.get(slow)
+    assert (job.status, job.error) == (Status.FAILED, "interrupted by restart")
+    assert "1 interrupted" in worker.output()
