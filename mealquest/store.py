@@ -55,14 +55,27 @@ def is_busy(error: sqlite3.Error) -> bool:
 
 
 def connect(path: str, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
-    """Open a connection with the project's pragmas and explicit transactions."""
+    """Open a connection with the project's pragmas and explicit transactions.
+
+    The busy timeout is set at open (sqlite3's own default is 5 s): setting the
+    pragmas may already read the file, and must not wait longer than asked.
+    """
     if synchronous.upper() not in SYNCHRONOUS_MODES:
         raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    conn = sqlite3.connect(
+        path,
+        timeout=int(busy_timeout_ms) / 1000,
+        isolation_level=None,
+        check_same_thread=False,
+    )
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -127,16 +140,19 @@ class Store:
         self, fn: Callable[..., T], args: tuple, kwargs: dict, deadline: float
     ) -> tuple[T, list[Callable[[], None]]]:
         # Runs in the native writer thread: no gevent calls here.
-        if time.monotonic() > deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             raise StoreUnavailable(StoreUnavailable.__doc__)
-        if self._writer_conn is None:
-            self._writer_conn = connect(
-                self.path,
-                synchronous=self.synchronous,
-                busy_timeout_ms=int(self.busy_timeout_seconds * 1000),
-            )
-        conn = self._writer_conn
+        # Wait for the lock only until this write's deadline: a write queued
+        # behind others has already spent part of its time waiting its turn.
+        busy_timeout_ms = max(1, int(remaining * 1000))
         try:
+            if self._writer_conn is None:
+                self._writer_conn = connect(
+                    self.path, synchronous=self.synchronous, busy_timeout_ms=busy_timeout_ms
+                )
+            conn = self._writer_conn
+            conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as error:
             if is_busy(error):
@@ -146,9 +162,12 @@ class Store:
         try:
             result = fn(tx, *args, **kwargs)
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as error:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError) and is_busy(error):
+                # Nothing was committed; the lock is the problem, not the write.
+                raise StoreUnavailable(StoreUnavailable.__doc__) from error
             raise
         return result, tx.after_commit_callbacks
 
@@ -160,16 +179,19 @@ class Store:
         A busy database is retried cooperatively (the hub runs between tries)
         until the deadline; `fn` may therefore run more than once.
         """
-        conn = self._reader()
+        self._check_process()
         deadline = time.monotonic() + self.busy_timeout_seconds
         delay = 0.001
         while True:
+            conn = None
             try:
+                # Opening is retried too: setting its pragmas may find the file locked.
+                conn = self._reader()
                 return fn(conn, *args)
             except sqlite3.OperationalError as error:
                 if not is_busy(error):
                     raise
-                if conn.in_transaction:
+                if conn is not None and conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(StoreUnavailable.__doc__) from None
