@@ -1,0 +1,370 @@
+"""The store: writes in one native thread, cooperative waits, deadlines, isolation, fork."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+
+import gevent
+import pytest
+
+from mealquest.extensions import get_store
+from mealquest.store import Store, StoreUnavailable, StoreUsedAcrossFork
+from tests.conftest import wait_for
+from tests.support.sqlite_lock import LockHolder
+
+NOW = "2025-01-01T00:00:00.000000Z"
+
+
+@pytest.fixture
+def lock_holder(db_path):
+    holder = LockHolder(db_path)
+    try:
+        yield holder
+    finally:
+        holder.stop()
+
+
+def insert_household(tx, name):
+    return tx.execute(
+        "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id", (name, NOW)
+    ).fetchone()[0]
+
+
+def household_names(store):
+    return store.read(
+        lambda conn: [r[0] for r in conn.execute("SELECT name FROM households ORDER BY id")]
+    )
+
+
+# -- contract ---------------------------------------------------------------------------------
+
+
+def test_write_commits_and_returns_the_function_result(store):
+    household_id = store.write(insert_household, "Smiths")
+    assert isinstance(household_id, int)
+    assert household_names(store) == ["Smiths"]
+
+
+def test_write_rolls_back_and_reraises_when_the_function_raises(store):
+    class Boom(Exception):
+        pass
+
+    def insert_then_raise(tx):
+        insert_household(tx, "gone")
+        raise Boom("no")
+
+    with pytest.raises(Boom):
+        store.write(insert_then_raise)
+    assert household_names(store) == []
+    # The writer connection is usable again afterwards.
+    store.write(insert_household, "kept")
+    assert household_names(store) == ["kept"]
+
+
+def test_write_takes_the_write_lock_at_begin(store, db_path):
+    """BEGIN IMMEDIATE: while a write function runs, no other connection can write."""
+
+    def try_other_writer(tx):
+        other = sqlite3.connect(db_path, isolation_level=None, timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            return str(error)
+        finally:
+            other.close()
+        return "other writer got the lock"
+
+    assert store.write(try_other_writer) == "database is locked"
+
+
+def test_write_runs_in_a_native_thread_and_after_commit_in_the_caller(store):
+    seen = {}
+
+    def write(tx):
+        seen["thread"] = threading.get_ident()
+        tx.after_commit(
+            lambda: seen.setdefault("callback", (threading.get_ident(), gevent.getcurrent()))
+        )
+        insert_household(tx, "x")
+
+    store.write(write)
+    assert seen["thread"] != threading.get_ident()
+    assert seen["callback"] == (threading.get_ident(), gevent.getcurrent())
+
+
+def test_after_commit_callbacks_of_a_rolled_back_write_never_run(store):
+    called = []
+
+    def write(tx):
+        tx.after_commit(lambda: called.append(1))
+        raise ValueError("rolled back")
+
+    with pytest.raises(ValueError, match="rolled back"):
+        store.write(write)
+    assert called == []
+
+
+def test_foreign_keys_are_on_for_writes_and_reads(store):
+    def orphan_token(tx):
+        tx.execute(
+            "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?)",
+            (999, "0" * 64, NOW),
+        )
+
+    with pytest.raises(sqlite3.IntegrityError):
+        store.write(orphan_token)
+    assert store.write(lambda tx: tx.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+    assert store.read(lambda conn: conn.execute("PRAGMA foreign_keys").fetchone()[0]) == 1
+
+
+def test_reads_cannot_write(store):
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        store.read(lambda conn: conn.execute("DELETE FROM households"))
+
+
+def test_synchronous_is_configurable_and_checked(db_path):
+    store = Store(db_path, synchronous="full")
+    try:
+        assert store.write(lambda tx: tx.execute("PRAGMA synchronous").fetchone()[0]) == 2
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="synchronous"):
+        Store(db_path, synchronous="SOMETIMES")
+
+
+def test_data_version_changes_when_another_connection_commits(store, db_path):
+    before = store.data_version()
+    assert store.data_version() == before
+    other = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        other.execute("INSERT INTO households (name, created_at) VALUES ('other', ?)", (NOW,))
+    finally:
+        other.close()
+    assert store.data_version() != before
+
+
+def test_the_app_store_follows_the_app_config(make_app, db_path):
+    app = make_app(DB_SYNCHRONOUS="FULL", DB_BUSY_TIMEOUT_SECONDS=0.3)
+    store = get_store(app)
+    assert store.path == db_path
+    assert store.synchronous == "FULL"
+    assert store.busy_timeout_seconds == pytest.approx(0.3)
+
+
+# -- another process holds the lock -----------------------------------------------------------
+
+
+def test_a_write_waits_for_another_process_without_freezing_the_process(make_app, lock_holder):
+    store = get_store(make_app(DB_BUSY_TIMEOUT_SECONDS=60.0))
+    lock_holder.hold()
+    state = {"ticks": 0, "write_done": False, "released_while_waiting": None, "reads": 0}
+
+    def ticker():
+        while not state["write_done"]:
+            gevent.sleep(0.02)
+            state["ticks"] += 1
+            if state["ticks"] % 10 == 0:
+                # WAL: reads go on while another process holds the write lock.
+                state["reads"] += len(household_names(store)) + 1
+            if state["ticks"] == 100:
+                # About 2 s in: the write must still be waiting, then the lock goes.
+                state["released_while_waiting"] = not state["write_done"]
+                lock_holder.release()
+
+    ticking = gevent.spawn(ticker)
+    try:
+        household_id = store.write(insert_household, "waited")
+        state["write_done"] = True
+    finally:
+        ticking.kill()
+
+    assert state["released_while_waiting"] is True
+    assert state["ticks"] >= 100
+    assert state["reads"] >= 10
+    assert household_names(store) == ["waited"]
+    assert isinstance(household_id, int)
+
+
+def test_a_lock_held_past_the_deadline_is_store_unavailable(make_app, lock_holder):
+    store = get_store(make_app(DB_BUSY_TIMEOUT_SECONDS=0.3))
+    store.write(insert_household, "before")
+    lock_holder.hold()
+    state = {"ticks": 0, "done": False}
+
+    def ticker():
+        while not state["done"]:
+            gevent.sleep(0.01)
+            state["ticks"] += 1
+
+    ticking = gevent.spawn(ticker)
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.write(insert_household, "refused")
+        # Several writes queued behind each other all end with the clear error too.
+        waiting = [gevent.spawn(store.write, insert_household, f"q{n}") for n in range(3)]
+        gevent.joinall(waiting, timeout=30)
+        assert all(isinstance(g.exception, StoreUnavailable) for g in waiting)
+    finally:
+        state["done"] = True
+        ticking.kill()
+    assert state["ticks"] > 5
+    assert household_names(store) == ["before"]
+
+    lock_holder.release()
+    store.write(insert_household, "after")
+    assert household_names(store) == ["before", "after"]
+
+
+def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_path):
+    # WAL readers are never kept out, so this uses a rollback-journal file,
+    # where another process's EXCLUSIVE lock blocks reads too.
+    path = str(tmp_path / "journal.sqlite3")
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("CREATE TABLE t (x INTEGER)")
+    setup.execute("INSERT INTO t VALUES (1)")
+    setup.close()
+    store = Store(path, busy_timeout_seconds=0.3)
+    holder = LockHolder(path, mode="EXCLUSIVE")
+    state = {"ticks": 0, "done": False}
+
+    def ticker():
+        while not state["done"]:
+            gevent.sleep(0.01)
+            state["ticks"] += 1
+
+    ticking = gevent.spawn(ticker)
+    try:
+        holder.hold()
+        with pytest.raises(StoreUnavailable):
+            store.read(lambda conn: conn.execute("SELECT x FROM t").fetchall())
+        assert state["ticks"] > 5
+        holder.release()
+        assert store.read(lambda conn: conn.execute("SELECT x FROM t").fetchone()[0]) == 1
+    finally:
+        state["done"] = True
+        ticking.kill()
+        holder.stop()
+        store.close()
+
+
+def test_a_queued_write_waits_for_the_lock_only_until_its_own_deadline(make_app):
+    """The deadline covers the time a write spent queued behind others, not just the lock wait."""
+    store = get_store(make_app(DB_BUSY_TIMEOUT_SECONDS=30.0))
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def busy_timeout(tx):
+        return tx.execute("PRAGMA busy_timeout").fetchone()[0]
+
+    def held(tx):
+        entered.set()
+        gate.wait(30)  # a native wait, in the writer thread
+        return busy_timeout(tx)
+
+    first = gevent.spawn(store.write, held)
+    wait_for(entered.is_set)
+    queued_at = time.monotonic()
+    second = gevent.spawn(store.write, busy_timeout)
+    wait_for(lambda: time.monotonic() > queued_at + 2.0)
+    gate.set()
+    gevent.joinall([first, second], timeout=30, raise_error=True)
+    assert first.value <= 30_000
+    assert second.value <= 28_000
+
+
+# -- isolation between greenlets --------------------------------------------------------------
+
+
+def test_concurrent_writes_never_mix_transactions(store):
+    class Rollback(Exception):
+        pass
+
+    def write(tx, n):
+        for part in range(3):
+            insert_household(tx, f"{n}-{part}")
+        if n % 2:
+            raise Rollback(n)
+        return n
+
+    greenlets = [gevent.spawn(store.write, write, n) for n in range(60)]
+    gevent.joinall(greenlets, timeout=60)
+
+    assert all(g.ready() for g in greenlets)
+    for n, g in enumerate(greenlets):
+        if n % 2:
+            assert isinstance(g.exception, Rollback)
+        else:
+            assert g.value == n
+    expected = sorted(f"{n}-{part}" for n in range(0, 60, 2) for part in range(3))
+    assert sorted(household_names(store)) == expected
+
+
+def test_writes_interleaved_with_reads_see_only_committed_rows(store):
+    seen = []
+
+    def reader():
+        for _ in range(50):
+            names = household_names(store)
+            # A transaction's three rows are seen together or not at all.
+            prefixes = {}
+            for name in names:
+                prefix = name.split("-")[0]
+                prefixes[prefix] = prefixes.get(prefix, 0) + 1
+            seen.append(all(count == 3 for count in prefixes.values()))
+            gevent.sleep(0)
+
+    def write(tx, n):
+        for part in range(3):
+            insert_household(tx, f"{n}-{part}")
+
+    reading = gevent.spawn(reader)
+    writers = [gevent.spawn(store.write, write, n) for n in range(20)]
+    gevent.joinall([reading, *writers], timeout=60, raise_error=True)
+    assert seen
+    assert all(seen)
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+
+def test_the_store_refuses_use_after_fork(store):
+    store.write(insert_household, "parent")
+    assert household_names(store) == ["parent"]
+
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code only
+        code = 0
+        try:
+            store.read(lambda conn: conn.execute("SELECT 1").fetchone())
+            code |= 1
+        except StoreUsedAcrossFork:
+            pass
+        except BaseException:
+            code |= 2
+        try:
+            store.write(insert_household, "child")
+            code |= 4
+        except StoreUsedAcrossFork:
+            pass
+        except BaseException:
+            code |= 8
+        try:
+            store.close()  # a no-op in another process: it must not touch the parent's
+        except BaseException:
+            code |= 16
+        os._exit(code)
+
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's store is untouched and the child wrote nothing.
+    store.write(insert_household, "parent again")
+    assert household_names(store) == ["parent", "parent again"]
+
+
+def test_wait_for_lets_greenlets_run():
+    done = []
+    gevent.spawn(lambda: done.append(True))
+    assert wait_for(lambda: done) == [True]
