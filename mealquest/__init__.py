@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import cli, errors, health
+from mealquest import cli, errors, health, recipes
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS
 from mealquest.extensions import init_store
@@ -35,6 +35,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     configure_logging(app.config["LOG_LEVEL"])
     init_store(app)
     jobs_service.init_app(app)
+    recipes.init_app(app)
     errors.init_app(app)
     cli.init_app(app)
     app.cli.add_command(jobs_cli)

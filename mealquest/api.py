@@ -10,6 +10,8 @@ from flask import Blueprint
 
 from mealquest.auth import token_auth
 from mealquest.jobs.api import bp as jobs_bp
+from mealquest.recipes.api import imports_bp as recipe_imports_bp
+from mealquest.recipes.api import recipes_bp
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
@@ -21,3 +23,5 @@ def _require_token() -> None:
 
 
 bp.register_blueprint(jobs_bp)
+bp.register_blueprint(recipe_imports_bp)
+bp.register_blueprint(recipes_bp)

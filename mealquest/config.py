@@ -38,4 +38,22 @@ DEFAULTS: dict[str, Any] = {
     "MAX_CONTENT_LENGTH": 64 * 1024,
     # Level of the service's own log lines (stderr).
     "LOG_LEVEL": "INFO",
+    # Recipe import: let fetches reach private, loopback, link-local, multicast
+    # and reserved addresses (development and tests only: it exposes the
+    # service's own network, cloud metadata endpoints included, to households).
+    "ALLOW_PRIVATE_URLS": False,
+    # Recipe import: private networks (CIDR strings) a fetch may reach even with
+    # ALLOW_PRIVATE_URLS off, e.g. ["10.1.2.0/24"] for an internal recipe host.
+    "RECIPE_FETCH_ALLOWED_NETWORKS": [],
+    # Recipe import: seconds to open a TCP connection to one address.
+    "RECIPE_FETCH_CONNECT_TIMEOUT_SECONDS": 5.0,
+    # Recipe import: seconds for the whole fetch (DNS, every redirect, the body).
+    "RECIPE_FETCH_TIMEOUT_SECONDS": 20.0,
+    # Recipe import: the largest page read, in bytes; a larger one fails the job.
+    "RECIPE_FETCH_MAX_BYTES": 4 * 1024 * 1024,
+    # Recipe import: redirects followed before the job fails.
+    "RECIPE_FETCH_MAX_REDIRECTS": 5,
+    # Recipe import: seconds before the first retry of a transient failure
+    # (doubled for the next; 3 attempts in all).
+    "RECIPE_IMPORT_RETRY_SECONDS": 5.0,
 }

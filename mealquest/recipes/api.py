@@ -1,0 +1,65 @@
+"""`/api/v1/recipe-imports` and `/api/v1/recipes`: a household imports and reads its own recipes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Blueprint, request, url_for
+
+from mealquest.auth import current_household
+from mealquest.errors import not_found
+from mealquest.extensions import get_jobs, get_store
+from mealquest.jobs.schemas import JobSchema
+from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
+from mealquest.recipes import queries
+from mealquest.recipes.kind import KIND
+from mealquest.recipes.schemas import RecipeImportSchema, RecipeListSchema, RecipeSchema
+
+imports_bp = Blueprint("recipe_imports", __name__, url_prefix="/recipe-imports")
+recipes_bp = Blueprint("recipes", __name__, url_prefix="/recipes")
+
+_RECIPE_ID = re.compile(r"^[0-9a-f]{32}$")
+_import_schema = RecipeImportSchema()
+_job_schema = JobSchema()
+_recipe_schema = RecipeSchema()
+_list_schema = RecipeListSchema()
+_query_schema = PageQuerySchema()
+
+
+@imports_bp.post("")
+def create_import() -> tuple[dict[str, Any], int, dict[str, str]]:
+    # get_json: a body that is not JSON is Flask's 415 (wrong type) or 400
+    # (malformed); an oversized one is 413. Validation happens before any write.
+    body = _import_schema.load(request.get_json())
+    household_id = current_household().id
+    job_id = get_jobs().enqueue(KIND, body, household_id=household_id)
+    job = get_jobs().get(job_id, household_id=household_id)
+    location = url_for("api.jobs.get_job", job_id=job_id)
+    return _job_schema.dump(job), 202, {"Location": location}
+
+
+@recipes_bp.get("/<recipe_id>")
+def get_recipe(recipe_id: str) -> dict[str, Any]:
+    # Malformed, unknown and another household's ids answer the same 404.
+    recipe = None
+    if _RECIPE_ID.match(recipe_id):
+        recipe = get_store().read(queries.get_recipe, recipe_id, current_household().id)
+    if recipe is None:
+        raise not_found("recipe not found")
+    return _recipe_schema.dump(recipe)
+
+
+@recipes_bp.get("")
+def list_recipes() -> dict[str, Any]:
+    query = _query_schema.load(request.args)
+    limit = query["limit"]
+    before = decode_cursor(query["cursor"]) if query["cursor"] else None
+    household_id = current_household().id
+    recipes = get_store().read(
+        lambda conn: queries.list_recipes(
+            conn, household_id=household_id, before_seq=before, limit=limit + 1
+        )
+    )
+    page, cursor = paginate(recipes, limit, lambda recipe: recipe.seq)
+    return _list_schema.dump({"recipes": page, "next_cursor": cursor})

@@ -1,0 +1,330 @@
+"""Fetching a page a household named, without letting it reach what it should not.
+
+The rules, and why each one:
+
+* only `http` and `https`;
+* the host is resolved once per hop with gevent's resolver, **every** address
+  it resolves to is checked (`addresses.AddressPolicy`), and the TCP
+  connection goes to one of those checked addresses: a second DNS answer
+  (DNS rebinding) never gets a say. The name is still used for the `Host`
+  header, TLS SNI and the certificate check;
+* redirects are followed here, at most `max_redirects`, each hop checked
+  like the first;
+* a connect timeout per address, and one total deadline (`gevent.Timeout`)
+  over resolution, every hop and the whole body;
+* the body is read in chunks and abandoned as soon as it passes `max_bytes`.
+
+Sockets come from `gevent.socket` and `gevent.ssl` explicitly, so the fetch
+is cooperative whether or not the process is monkey-patched (gunicorn's
+workers are, `flask jobs work` and the tests are not).
+
+Errors are `FetchError`s whose message is safe to show the household: none
+quotes the URL (which may carry a token) or anything the server sent.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import gevent
+import gevent.socket
+import gevent.ssl
+
+from mealquest.recipes.addresses import AddressPolicy, parse_address
+
+USER_AGENT = "MealQuest-RecipeImport/0.1 (fetches a recipe page a household asked to import)"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHUNK = 64 * 1024
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class FetchError(Exception):
+    """The page could not be fetched; the message is safe to show."""
+
+    transient = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class AddressNotAllowed(FetchError):
+    def __init__(self) -> None:
+        super().__init__("that address is not allowed")
+
+
+class HTTPStatusError(FetchError):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the page could not be fetched (HTTP {status})")
+        self.status = status
+        # A server error may pass; a 4xx says this request will never work.
+        self.transient = status >= 500
+
+
+class TooSlow(FetchError):
+    transient = True
+
+    def __init__(self) -> None:
+        super().__init__("the page took too long to answer")
+
+
+class Unreachable(FetchError):
+    """Resolution failed, the connection was refused or reset, or the body was cut short."""
+
+    transient = True
+
+    def __init__(self) -> None:
+        super().__init__("the page could not be fetched")
+
+
+class TooLarge(FetchError):
+    def __init__(self) -> None:
+        super().__init__("the page is too large")
+
+
+class TooManyRedirects(FetchError):
+    def __init__(self) -> None:
+        super().__init__("the page redirected too many times")
+
+
+class BadResponse(FetchError):
+    def __init__(self) -> None:
+        super().__init__("the page could not be fetched (the server's answer was not valid HTTP)")
+
+
+class CertificateError(FetchError):
+    def __init__(self) -> None:
+        super().__init__("the page could not be fetched (its certificate is not valid)")
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    addresses: AddressPolicy = field(default_factory=AddressPolicy)
+    connect_timeout_seconds: float = 5.0
+    total_timeout_seconds: float = 20.0
+    max_bytes: int = 4 * 1024 * 1024
+    max_redirects: int = 5
+    user_agent: str = USER_AGENT
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> FetchPolicy:
+        return cls(
+            addresses=AddressPolicy.build(
+                config["ALLOW_PRIVATE_URLS"], config["RECIPE_FETCH_ALLOWED_NETWORKS"]
+            ),
+            connect_timeout_seconds=float(config["RECIPE_FETCH_CONNECT_TIMEOUT_SECONDS"]),
+            total_timeout_seconds=float(config["RECIPE_FETCH_TIMEOUT_SECONDS"]),
+            max_bytes=int(config["RECIPE_FETCH_MAX_BYTES"]),
+            max_redirects=int(config["RECIPE_FETCH_MAX_REDIRECTS"]),
+        )
+
+
+@dataclass(frozen=True)
+class Page:
+    url: str
+    """The address the body came from (after redirects)."""
+    content_type: str | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class _Target:
+    scheme: str
+    host: str
+    port: int
+    path: str
+
+
+def _target(url: str) -> _Target:
+    """Split a URL into what a request needs; anything but http(s) is not allowed."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise AddressNotAllowed() from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise AddressNotAllowed()
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in path):
+        raise AddressNotAllowed()
+    return _Target(scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], path)
+
+
+def _resolve(target: _Target, policy: AddressPolicy) -> list[tuple[int, tuple[Any, ...]]]:
+    """Every (family, sockaddr) the host resolves to; refuses the lot if any is not allowed.
+
+    One refused address refuses the host: connecting only to the allowed ones
+    would still let a name that also points inside be probed.
+    """
+    try:
+        infos = gevent.socket.getaddrinfo(
+            target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except (OSError, UnicodeError):
+        raise Unreachable() from None
+    resolved: list[tuple[int, tuple[Any, ...]]] = []
+    for family, _type, _proto, _name, sockaddr in infos:
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            continue
+        try:
+            ip = parse_address(str(sockaddr[0]))
+        except ValueError:
+            raise AddressNotAllowed() from None
+        if not policy.allows(ip):
+            raise AddressNotAllowed()
+        if (family, sockaddr) not in resolved:
+            resolved.append((family, sockaddr))
+    if not resolved:
+        raise Unreachable()
+    return resolved
+
+
+def _connect(addresses: Iterable[tuple[int, tuple[Any, ...]]], timeout: float) -> socket.socket:
+    """A TCP connection to the first checked address that answers."""
+    last_error: OSError | None = None
+    for family, sockaddr in addresses:
+        sock = gevent.socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+        except OSError as error:
+            sock.close()
+            last_error = error
+            continue
+        return sock
+    raise last_error or OSError("no address to connect to")
+
+
+class _PinnedConnection(http.client.HTTPConnection):
+    """An HTTP(S) connection whose socket goes to an address checked beforehand.
+
+    `host` stays the name (Host header, SNI, certificate check); `connect`
+    never resolves it again.
+    """
+
+    def __init__(
+        self,
+        target: _Target,
+        addresses: list[tuple[int, tuple[Any, ...]]],
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        tls: ssl.SSLContext | None,
+    ) -> None:
+        super().__init__(target.host, target.port, timeout=read_timeout)
+        self.default_port = _DEFAULT_PORTS[target.scheme]
+        self._addresses = addresses
+        self._connect_timeout = connect_timeout
+        self._tls = tls
+
+    def connect(self) -> None:
+        sock = _connect(self._addresses, self._connect_timeout)
+        sock.settimeout(self.timeout)
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+        self.sock = sock
+
+
+def _tls_context() -> ssl.SSLContext:
+    # gevent.ssl.create_default_context() hands back the stdlib class in an
+    # unpatched process; gevent's own SSLContext makes gevent sockets.
+    context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_default_certs()
+    return context
+
+
+def fetch(url: str, policy: FetchPolicy) -> Page:
+    """GET `url` under `policy`; raises a `FetchError` (safe message) on any failure."""
+    timer = gevent.Timeout(policy.total_timeout_seconds)
+    timer.start()
+    try:
+        return _follow(url, policy)
+    except gevent.Timeout as timeout:
+        if timeout is not timer:
+            raise
+        raise TooSlow() from None
+    finally:
+        timer.close()
+
+
+def _follow(url: str, policy: FetchPolicy) -> Page:
+    for _hop in range(policy.max_redirects + 1):
+        target = _target(url)
+        addresses = _resolve(target, policy.addresses)
+        try:
+            outcome = _request(target, addresses, policy)
+        except FetchError:
+            raise
+        except ssl.SSLCertVerificationError:
+            raise CertificateError() from None
+        except TimeoutError:
+            raise TooSlow() from None
+        except (OSError, http.client.IncompleteRead):
+            raise Unreachable() from None
+        except http.client.HTTPException:
+            raise BadResponse() from None
+        if isinstance(outcome, Page):
+            return Page(url, outcome.content_type, outcome.body)
+        url = urljoin(url, outcome)
+    raise TooManyRedirects()
+
+
+def _request(
+    target: _Target, addresses: list[tuple[int, tuple[Any, ...]]], policy: FetchPolicy
+) -> Page | str:
+    """One GET: the page, or the Location of a redirect."""
+    connection = _PinnedConnection(
+        target,
+        addresses,
+        connect_timeout=policy.connect_timeout_seconds,
+        read_timeout=policy.total_timeout_seconds,
+        tls=_tls_context() if target.scheme == "https" else None,
+    )
+    try:
+        connection.request(
+            "GET",
+            target.path,
+            headers={
+                "User-Agent": policy.user_agent,
+                "Accept": "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1",
+                "Accept-Encoding": "identity",
+                "Connection": "close",
+            },
+        )
+        response = connection.getresponse()
+        if response.status in _REDIRECTS:
+            location = response.getheader("Location")
+            if not location:
+                raise HTTPStatusError(response.status)
+            return location.strip()
+        if not 200 <= response.status < 300:
+            raise HTTPStatusError(response.status)
+        body = _read_capped(response, policy.max_bytes)
+        return Page("", response.getheader("Content-Type"), body)
+    finally:
+        connection.close()
+
+
+def _read_capped(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    declared = response.getheader("Content-Length", "")
+    if declared.strip().isdigit() and int(declared) > max_bytes:
+        raise TooLarge()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = response.read(min(_CHUNK, max_bytes + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_bytes:
+            raise TooLarge()
+        chunks.append(chunk)

@@ -1,0 +1,76 @@
+"""Every SQL statement about recipes: writes take a `Transaction`, reads a connection."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+
+from mealquest.recipes.model import Recipe
+from mealquest.recipes.parse import ParsedRecipe
+from mealquest.store import Transaction
+
+_COLUMNS = (
+    "id, seq, household_id, job_id, title, ingredients, instructions, yields, "
+    "total_time_minutes, image_url, source_url, author, created_at, updated_at"
+)
+
+
+def upsert_for_job(
+    tx: Transaction,
+    *,
+    household_id: int,
+    job_id: str,
+    source_url: str,
+    parsed: ParsedRecipe,
+    now: str,
+) -> Recipe:
+    """Store the recipe a job imported. Keyed on the job: a retried or rescued
+    job updates the recipe it stored before (same id) instead of adding one."""
+    row = tx.execute(
+        "INSERT INTO recipes (id, household_id, job_id, title, ingredients, instructions, "
+        "yields, total_time_minutes, image_url, source_url, author, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (job_id) DO UPDATE SET title = excluded.title, "
+        "ingredients = excluded.ingredients, instructions = excluded.instructions, "
+        "yields = excluded.yields, total_time_minutes = excluded.total_time_minutes, "
+        "image_url = excluded.image_url, source_url = excluded.source_url, "
+        "author = excluded.author, updated_at = excluded.updated_at "
+        f"RETURNING {_COLUMNS}",
+        (
+            uuid.uuid4().hex,
+            household_id,
+            job_id,
+            parsed.title,
+            json.dumps(parsed.ingredients),
+            json.dumps(parsed.instructions),
+            parsed.yields,
+            parsed.total_time_minutes,
+            parsed.image_url,
+            source_url,
+            parsed.author,
+            now,
+            now,
+        ),
+    ).fetchone()
+    return Recipe.from_row(row)
+
+
+def get_recipe(conn: sqlite3.Connection, recipe_id: str, household_id: int) -> Recipe | None:
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM recipes WHERE id = ? AND household_id = ?",
+        (recipe_id, household_id),
+    ).fetchone()
+    return Recipe.from_row(row) if row else None
+
+
+def list_recipes(
+    conn: sqlite3.Connection, *, household_id: int, before_seq: int | None, limit: int
+) -> list[Recipe]:
+    """A household's recipes, newest first (index `recipes_household`)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM recipes WHERE household_id = ? AND seq < ? "
+        "ORDER BY seq DESC LIMIT ?",
+        (household_id, before_seq if before_seq is not None else 2**63 - 1, limit),
+    ).fetchall()
+    return [Recipe.from_row(row) for row in rows]
