@@ -1,0 +1,156 @@
+"""Bearer tokens: every /api/v1 route needs a live one; the database keeps only digests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from mealquest.households import (
+    TOKEN_PREFIX,
+    create_token,
+    household_for_token,
+    revoke_token,
+    token_digest,
+)
+
+
+def assert_unauthorized(response):
+    assert response.status_code == 401
+    assert response.is_json
+    assert response.get_json() == {
+        "error": {"code": "unauthorized", "message": "a valid bearer token is required"}
+    }
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+BASIC = "Basic " + base64.b64encode(b"smith:password").decode()
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Bearer  ",
+        BASIC,
+        "garbage",
+        "Token mq_something",
+        "Bearer mq_unknown-token-that-was-never-issued",
+        "Bearer not-even-our-prefix",
+        "Bearer " + TOKEN_PREFIX + "x" * 5000,
+        "Bearer a=b",
+    ],
+    ids=[
+        "missing",
+        "empty",
+        "scheme-alone",
+        "scheme-and-space",
+        "scheme-and-spaces",
+        "basic",
+        "garbage",
+        "other-scheme",
+        "unknown-token",
+        "foreign-token",
+        "huge-token",
+        "parameters",
+    ],
+)
+def test_a_request_without_a_live_token_is_401(client, household, authorization):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    assert_unauthorized(client.get("/api/v1/jobs", headers=headers))
+    assert_unauthorized(client.get("/api/v1/jobs/" + "0" * 32, headers=headers))
+
+
+def test_a_token_of_another_scheme_carrying_a_good_token_is_refused(client, household):
+    assert_unauthorized(client.get("/api/v1/jobs", headers={"Authorization": household.token}))
+    assert_unauthorized(
+        client.get("/api/v1/jobs", headers={"Authorization": f"Basic {household.token}"})
+    )
+    assert_unauthorized(
+        client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {household.token}x"})
+    )
+
+
+def test_a_good_token_reaches_the_route_with_its_household(
+    client, jobs, household, other_household
+):
+    mine = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    theirs = jobs.enqueue("succeed", {"value": 2}, household_id=other_household.household_id)
+
+    response = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {household.token}"})
+    assert response.status_code == 200
+    assert [job["id"] for job in response.get_json()["jobs"]] == [mine]
+
+    response = client.get(
+        "/api/v1/jobs", headers={"Authorization": f"Bearer {other_household.token}"}
+    )
+    assert [job["id"] for job in response.get_json()["jobs"]] == [theirs]
+    # The scheme is case-insensitive (RFC 7235).
+    response = client.get("/api/v1/jobs", headers={"Authorization": f"bearer {household.token}"})
+    assert response.status_code == 200
+
+
+def test_a_revoked_token_is_401_at_once_and_other_tokens_still_work(client, store, household):
+    second = create_token(store, household.household_id)
+    headers = {"Authorization": f"Bearer {household.token}"}
+    assert client.get("/api/v1/jobs", headers=headers).status_code == 200
+
+    revoke_token(store, household.token_id)
+
+    assert_unauthorized(client.get("/api/v1/jobs", headers=headers))
+    response = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {second.token}"})
+    assert response.status_code == 200
+
+
+def test_healthz_needs_no_token(client):
+    assert client.get("/healthz").status_code == 200
+
+
+def test_tokens_are_stored_only_as_sha256_digests(store, db_path, household, other_household):
+    extra = create_token(store, household.household_id)
+    issued = [household, other_household, extra]
+    store.close()  # checkpoint nothing by hand: the WAL is read below as well
+
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = conn.execute("SELECT id, household_id, token_sha256 FROM api_tokens ORDER BY id")
+        stored = {row[0]: (row[1], row[2]) for row in rows}
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(api_tokens)")]
+    finally:
+        conn.close()
+
+    assert columns == ["id", "household_id", "token_sha256", "created_at", "revoked_at"]
+    assert set(stored) == {token.token_id for token in issued}
+    for token in issued:
+        household_id, digest = stored[token.token_id]
+        assert household_id == token.household_id
+        assert digest == hashlib.sha256(token.token.encode()).hexdigest()
+        assert digest == token_digest(token.token)
+        assert token.token.startswith(TOKEN_PREFIX)
+    # The clear token appears nowhere on disk, in the database or its WAL.
+    for path in Path(db_path).parent.glob(Path(db_path).name + "*"):
+        data = path.read_bytes()
+        for token in issued:
+            assert token.token.encode() not in data, path.name
+
+
+def test_tokens_are_unique_and_unguessable(store, household):
+    tokens = {create_token(store, household.household_id).token for _ in range(20)}
+    assert len(tokens) == 20
+    assert all(len(token) >= len(TOKEN_PREFIX) + 40 for token in tokens)
+
+
+def test_household_for_token_reads_only_live_tokens(store, household):
+    found = household_for_token(store, household.token)
+    assert found is not None
+    assert (found.id, found.name) == (household.household_id, "The Smiths")
+    assert household_for_token(store, "") is None
+    assert household_for_token(store, household.token[:-1]) is None
+    revoke_token(store, household.token_id)
+    assert household_for_token(store, household.token) is None
