@@ -6,6 +6,7 @@ Each command is a thin wrapper around a plain function of its module.
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import click
 from flask import Flask, current_app
@@ -13,6 +14,7 @@ from flask.cli import AppGroup
 
 from mealquest import households, migrations
 from mealquest.extensions import get_store
+from mealquest.store import Store, StoreError
 
 db_cli = AppGroup("db", help="Database migrations.")
 households_cli = AppGroup("households", help="Households.")
@@ -23,6 +25,22 @@ def _fail(error: Exception) -> click.ClickException:
     return click.ClickException(str(error))
 
 
+def _database_error(error: sqlite3.Error) -> click.ClickException:
+    path = current_app.config["DATABASE"]
+    return click.ClickException(f"cannot use the database {path}: {error}")
+
+
+def _migrated_store() -> Store:
+    """The app's store, once the database is known to be fully migrated."""
+    try:
+        migrations.require_current(current_app.config["DATABASE"])
+    except migrations.MigrationError as error:
+        raise _fail(error) from None
+    except sqlite3.Error as error:
+        raise _database_error(error) from None
+    return get_store()
+
+
 @db_cli.command("upgrade")
 def db_upgrade() -> None:
     """Apply every pending migration."""
@@ -30,6 +48,8 @@ def db_upgrade() -> None:
         applied = migrations.upgrade(current_app.config["DATABASE"])
     except migrations.MigrationError as error:
         raise _fail(error) from None
+    except sqlite3.Error as error:
+        raise _database_error(error) from None
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
@@ -42,6 +62,8 @@ def db_status() -> None:
         states = migrations.status(current_app.config["DATABASE"])
     except migrations.MigrationError as error:
         raise _fail(error) from None
+    except sqlite3.Error as error:
+        raise _database_error(error) from None
     for state in states:
         when = f"applied {state.applied_at}" if state.applied else "pending"
         click.echo(f"{state.migration.path.name}  {when}")
@@ -54,8 +76,8 @@ def db_status() -> None:
 def households_create(name: str) -> None:
     """Create a household; prints its id and first token (shown only this once)."""
     try:
-        issued = households.create_household(get_store(), name)
-    except households.HouseholdError as error:
+        issued = households.create_household(_migrated_store(), name)
+    except (households.HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(json.dumps({"household_id": issued.household_id, "token": issued.token}))
 
@@ -63,7 +85,11 @@ def households_create(name: str) -> None:
 @households_cli.command("list")
 def households_list() -> None:
     """Households with their number of live tokens."""
-    for household, tokens in households.list_households(get_store()):
+    try:
+        listed = households.list_households(_migrated_store())
+    except StoreError as error:
+        raise _fail(error) from None
+    for household, tokens in listed:
         click.echo(f"{household.id}  {household.name}  tokens={tokens}")
 
 
@@ -72,8 +98,8 @@ def households_list() -> None:
 def tokens_create(household_id: int) -> None:
     """Make another token for a household (shown only this once)."""
     try:
-        issued = households.create_token(get_store(), household_id)
-    except households.HouseholdError as error:
+        issued = households.create_token(_migrated_store(), household_id)
+    except (households.HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(
         json.dumps(
@@ -91,8 +117,8 @@ def tokens_create(household_id: int) -> None:
 def tokens_revoke(token_id: int) -> None:
     """Revoke a token: requests with it are refused from now on."""
     try:
-        households.revoke_token(get_store(), token_id)
-    except households.HouseholdError as error:
+        households.revoke_token(_migrated_store(), token_id)
+    except (households.HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(f"token {token_id} revoked")
 

@@ -149,9 +149,14 @@ def status_of(
 
 
 def status(path: str, directory: Path = MIGRATIONS_DIR) -> list[MigrationState]:
+    known = discover(directory)
+    if not Path(path).exists():
+        # Nothing is applied yet; looking must not create the file (or fail
+        # because its folder does not exist yet).
+        return [MigrationState(m, None) for m in known]
     conn = _open(path)
     try:
-        return status_of(conn, discover(directory))
+        return status_of(conn, known)
     finally:
         conn.close()
 
@@ -163,6 +168,8 @@ def require_current_of(conn: sqlite3.Connection, migrations: list[Migration] | N
 
 
 def require_current(path: str, directory: Path = MIGRATIONS_DIR) -> None:
+    if not Path(path).exists():
+        raise DatabaseNotMigrated(DatabaseNotMigrated.__doc__)
     conn = _open(path)
     try:
         require_current_of(conn, discover(directory))
