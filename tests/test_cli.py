@@ -1,0 +1,200 @@
+"""The administration CLI: `flask db`, `flask households`, `flask tokens`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from mealquest import migrations
+
+
+def bearer(token):
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def fresh_app(make_app, tmp_path):
+    """An app on a database file that no migration has touched yet."""
+    return make_app(DATABASE=str(tmp_path / "fresh" / "mealquest.sqlite3"))
+
+
+# -- db ---------------------------------------------------------------------------------------
+
+
+def test_db_status_and_upgrade_on_a_fresh_database(fresh_app):
+    runner = fresh_app.test_cli_runner()
+    names = [m.path.name for m in migrations.discover()]
+
+    status = runner.invoke(args=["db", "status"])
+    assert status.exit_code == 1
+    for name in names:
+        assert f"{name}  pending" in status.output
+    # Looking does not create the file (nor fail because its folder is missing).
+    assert not Path(fresh_app.config["DATABASE"]).parent.exists()
+
+    upgrade = runner.invoke(args=["db", "upgrade"])
+    assert upgrade.exit_code == 0, upgrade.output
+    for name in names:
+        assert f"applied {name}" in upgrade.output
+    assert f"{len(names)} migration(s) applied" in upgrade.output
+
+    status = runner.invoke(args=["db", "status"])
+    assert status.exit_code == 0, status.output
+    assert "pending" not in status.output
+    assert all(f"{name}  applied 20" in status.output for name in names)
+
+    again = runner.invoke(args=["db", "upgrade"])
+    assert again.exit_code == 0
+    assert again.output.strip() == "database is up to date"
+
+
+def test_db_status_exits_1_while_a_migration_is_pending(fresh_app):
+    migrations.upgrade(fresh_app.config["DATABASE"], target=2)
+    runner = fresh_app.test_cli_runner()
+    status = runner.invoke(args=["db", "status"])
+    assert status.exit_code == 1
+    assert "0001_init.sql  applied" in status.output
+    assert "0003_jobs_status.sql  pending" in status.output
+
+
+def test_a_changed_applied_migration_is_refused_by_status_and_upgrade(runner, db_path):
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        conn.execute("UPDATE schema_migrations SET checksum = 'edited' WHERE version = 2")
+    finally:
+        conn.close()
+
+    for command in (["db", "status"], ["db", "upgrade"]):
+        result = runner.invoke(args=command)
+        assert result.exit_code == 1
+        assert "Error: migration 0002_jobs.sql was changed after it was applied" in result.output
+        assert "Traceback" not in result.output
+
+
+# -- households ------------------------------------------------------------------------------
+
+
+def test_households_create_prints_a_working_token(runner, client):
+    result = runner.invoke(args=["households", "create", "  The Browns  "])
+    assert result.exit_code == 0, result.output
+    created = json.loads(result.output)
+    assert set(created) == {"household_id", "token"}
+    assert isinstance(created["household_id"], int)
+
+    response = client.get("/api/v1/jobs", headers=bearer(created["token"]))
+    assert response.status_code == 200
+
+    listed = runner.invoke(args=["households", "list"])
+    assert listed.exit_code == 0
+    assert f"{created['household_id']}  The Browns  tokens=1" in listed.output
+
+
+@pytest.mark.parametrize("name", ["", "   ", "x" * 201], ids=["empty", "blank", "too-long"])
+def test_households_create_refuses_a_bad_name(runner, store, name):
+    result = runner.invoke(args=["households", "create", name])
+    assert result.exit_code == 1
+    assert "Error: a household name has 1 to 200 characters" in result.output
+    assert (
+        store.read(lambda conn: conn.execute("SELECT count(*) FROM households").fetchone()[0]) == 0
+    )
+
+
+def test_households_list_counts_live_tokens(runner, household, other_household):
+    runner.invoke(args=["tokens", "create", str(household.household_id)])
+    runner.invoke(args=["tokens", "revoke", str(other_household.token_id)])
+    result = runner.invoke(args=["households", "list"])
+    assert result.exit_code == 0
+    assert result.output.splitlines() == [
+        f"{household.household_id}  The Smiths  tokens=2",
+        f"{other_household.household_id}  The Joneses  tokens=0",
+    ]
+
+
+def test_households_list_of_no_households_prints_nothing(runner):
+    result = runner.invoke(args=["households", "list"])
+    assert result.exit_code == 0
+    assert result.output == ""
+
+
+# -- tokens ----------------------------------------------------------------------------------
+
+
+def test_tokens_create_makes_another_working_token(runner, client, household):
+    result = runner.invoke(args=["tokens", "create", str(household.household_id)])
+    assert result.exit_code == 0, result.output
+    created = json.loads(result.output)
+    assert created["household_id"] == household.household_id
+    assert created["token_id"] != household.token_id
+    assert created["token"] != household.token
+    assert client.get("/api/v1/jobs", headers=bearer(created["token"])).status_code == 200
+    assert client.get("/api/v1/jobs", headers=bearer(household.token)).status_code == 200
+
+
+def test_tokens_create_refuses_an_unknown_household(runner, store):
+    result = runner.invoke(args=["tokens", "create", "999"])
+    assert result.exit_code == 1
+    assert "Error: No household has that id." in result.output
+    assert (
+        store.read(lambda conn: conn.execute("SELECT count(*) FROM api_tokens").fetchone()[0]) == 0
+    )
+
+
+def test_tokens_create_refuses_a_non_numeric_id(runner):
+    result = runner.invoke(args=["tokens", "create", "smiths"])
+    assert result.exit_code == 2
+    assert "is not a valid integer" in result.output
+
+
+def test_tokens_revoke_stops_the_token_at_once(runner, client, household):
+    headers = bearer(household.token)
+    assert client.get("/api/v1/jobs", headers=headers).status_code == 200
+
+    result = runner.invoke(args=["tokens", "revoke", str(household.token_id)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"token {household.token_id} revoked"
+    assert client.get("/api/v1/jobs", headers=headers).status_code == 401
+
+    twice = runner.invoke(args=["tokens", "revoke", str(household.token_id)])
+    assert twice.exit_code == 1
+    assert "Error: No token has that id, or it is already revoked." in twice.output
+
+    unknown = runner.invoke(args=["tokens", "revoke", "999"])
+    assert unknown.exit_code == 1
+    assert "Error: No token has that id, or it is already revoked." in unknown.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["households", "create", "The Browns"],
+        ["households", "list"],
+        ["tokens", "create", "1"],
+        ["tokens", "revoke", "1"],
+    ],
+    ids=["households-create", "households-list", "tokens-create", "tokens-revoke"],
+)
+def test_household_commands_on_a_database_behind_the_migrations_say_what_to_run(fresh_app, command):
+    runner = fresh_app.test_cli_runner()
+    missing = runner.invoke(args=command)
+    assert missing.exit_code == 1
+    assert "flask db upgrade" in missing.output
+    assert "Traceback" not in missing.output
+
+    migrations.upgrade(fresh_app.config["DATABASE"], target=1)
+    behind = runner.invoke(args=command)
+    assert behind.exit_code == 1
+    assert "flask db upgrade" in behind.output
+
+
+def test_db_commands_on_a_file_that_is_not_a_database_fail_clearly(make_app, tmp_path):
+    path = tmp_path / "not-a-database.sqlite3"
+    path.write_bytes(b"this is not an SQLite file, just some text that is long enough" * 20)
+    runner = make_app(DATABASE=str(path)).test_cli_runner()
+    for command in (["db", "status"], ["db", "upgrade"], ["households", "list"]):
+        result = runner.invoke(args=command)
+        assert result.exit_code == 1, command
+        assert f"Error: cannot use the database {path}" in result.output
+        assert "not a database" in result.output
