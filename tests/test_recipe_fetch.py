@@ -88,6 +88,25 @@ def test_allowed_networks_let_through_only_themselves():
     assert not policy.allows(ipaddress.ip_address("127.0.0.1"))
 
 
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [(True, True), (False, False), (1, True), (0, False), ("on", True), ("no", False)],
+)
+def test_the_private_flag_is_read_strictly(value, allowed):
+    assert AddressPolicy.build(value, []).allow_private is allowed
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, None, "disable"])
+def test_an_unreadable_private_flag_is_refused(value):
+    with pytest.raises(ValueError, match="ALLOW_PRIVATE_URLS"):
+        AddressPolicy.build(value, [])
+
+
+def test_allowed_networks_may_be_a_comma_separated_string():
+    policy = AddressPolicy.build(False, "10.1.2.0/24, 192.168.5.0/24")
+    assert policy.allows(ipaddress.ip_address("192.168.5.9"))
+
+
 def test_the_request_names_the_host_and_the_service(pages):
     pages.page("/page", b"<html></html>")
 

@@ -56,6 +56,20 @@ def parse_address(text: str) -> IPAddress:
     return ipaddress.ip_address(text.split("%", 1)[0])
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _flag(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("ALLOW_PRIVATE_URLS must be true or false")
+
+
 @dataclass(frozen=True)
 class AddressPolicy:
     """`allow_private` lifts the check (development, tests serving pages on
@@ -65,9 +79,15 @@ class AddressPolicy:
     allowed_networks: tuple[IPNetwork, ...] = ()
 
     @classmethod
-    def build(cls, allow_private: bool, allowed_networks: Iterable[str]) -> AddressPolicy:
-        networks = tuple(ipaddress.ip_network(text, strict=False) for text in allowed_networks)
-        return cls(bool(allow_private), networks)
+    def build(cls, allow_private: object, allowed_networks: Iterable[str] | str) -> AddressPolicy:
+        """From configuration values, refusing any it cannot read exactly: a
+        misread `ALLOW_PRIVATE_URLS` would open the private network."""
+        if isinstance(allowed_networks, str):
+            allowed_networks = [part for part in allowed_networks.split(",") if part.strip()]
+        networks = tuple(
+            ipaddress.ip_network(text.strip(), strict=False) for text in allowed_networks
+        )
+        return cls(_flag(allow_private), networks)
 
     def allows(self, ip: IPAddress) -> bool:
         if self.allow_private:
