@@ -1,0 +1,128 @@
+"""The app factory's configuration order, health, and the log line format."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from mealquest import create_app, migrations
+from mealquest.config import DEFAULTS
+from mealquest.extensions import get_store
+from mealquest.logs import ContextFormatter, configure_logging
+
+
+@pytest.fixture
+def restore_log_level():
+    logger = logging.getLogger("mealquest")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+def test_config_is_defaults_then_environment_then_the_test_mapping(
+    monkeypatch, tmp_path, restore_log_level
+):
+    # The one test that configures through the environment: it tests exactly that.
+    monkeypatch.setenv("MEALQUEST_JOB_WORKERS", "8")
+    monkeypatch.setenv("MEALQUEST_JOB_LEASE_SECONDS", "45.5")
+    monkeypatch.setenv("MEALQUEST_DB_SYNCHRONOUS", "FULL")
+    monkeypatch.setenv("MEALQUEST_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("MEALQUEST_DATABASE", str(tmp_path / "from-env.sqlite3"))
+
+    app = create_app({"JOB_LEASE_SECONDS": 20.0, "DATABASE": str(tmp_path / "from-test.sqlite3")})
+
+    # Defaults where nothing else says otherwise.
+    assert app.config["JOB_POLL_SECONDS"] == DEFAULTS["JOB_POLL_SECONDS"]
+    assert app.config["MAX_CONTENT_LENGTH"] == DEFAULTS["MAX_CONTENT_LENGTH"]
+    # The environment over the defaults, parsed as JSON where it is JSON.
+    assert app.config["JOB_WORKERS"] == 8
+    assert app.config["DB_SYNCHRONOUS"] == "FULL"
+    assert app.config["LOG_LEVEL"] == "WARNING"
+    assert logging.getLogger("mealquest").level == logging.WARNING
+    # The test mapping over the environment.
+    assert app.config["JOB_LEASE_SECONDS"] == 20.0
+    assert app.config["DATABASE"] == str(tmp_path / "from-test.sqlite3")
+    # The store is built from the final config.
+    store = get_store(app)
+    assert store.path == str(tmp_path / "from-test.sqlite3")
+    assert store.synchronous == "FULL"
+
+
+def test_the_environment_alone_configures_the_app(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEALQUEST_DATABASE", str(tmp_path / "from-env.sqlite3"))
+    monkeypatch.setenv("MEALQUEST_DB_BUSY_TIMEOUT_SECONDS", "0.25")
+    app = create_app()
+    assert app.config["DATABASE"] == str(tmp_path / "from-env.sqlite3")
+    assert get_store(app).busy_timeout_seconds == 0.25
+
+
+def test_the_default_database_is_in_the_instance_folder(monkeypatch):
+    monkeypatch.delenv("MEALQUEST_DATABASE", raising=False)
+    app = create_app({"TESTING": True})
+    assert app.config["DATABASE"] == os.path.join(app.instance_path, "mealquest.sqlite3")
+
+
+def test_create_app_opens_nothing(tmp_path):
+    path = tmp_path / "not-yet" / "mealquest.sqlite3"
+    app = create_app({"TESTING": True, "DATABASE": str(path)})
+    assert not path.parent.exists()
+    get_store(app).close()
+    assert not path.parent.exists()
+
+
+def test_a_bad_synchronous_setting_is_refused_at_startup(tmp_path):
+    with pytest.raises(ValueError, match="synchronous"):
+        create_app({"DATABASE": str(tmp_path / "x.sqlite3"), "DB_SYNCHRONOUS": "SOMETIMES"})
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def test_healthz_is_200_on_a_migrated_database(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json() == {"status": "ok"}
+
+
+def test_healthz_is_503_on_a_database_behind_the_migrations(make_app, tmp_path):
+    path = str(tmp_path / "behind.sqlite3")
+    migrations.upgrade(path, target=2)
+    client = make_app(DATABASE=path).test_client()
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.get_json()["error"]["code"] == "unavailable"
+    migrations.upgrade(path)
+    assert client.get("/healthz").status_code == 200
+
+
+def test_healthz_is_503_without_a_database(make_app, tmp_path):
+    client = make_app(DATABASE=str(tmp_path / "missing" / "mealquest.sqlite3")).test_client()
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.get_json()["error"]["code"] == "unavailable"
+
+
+# -- logs -------------------------------------------------------------------------------------
+
+
+def test_log_lines_carry_their_context(restore_log_level):
+    record = logging.LogRecord("mealquest.jobs", logging.INFO, __file__, 1, "job done", (), None)
+    record.job_id = "abc"
+    record.kind = "succeed"
+    record.attempt = 2
+    line = ContextFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert line == "INFO mealquest.jobs: job done [job_id=abc kind=succeed attempt=2]"
+
+    plain = logging.LogRecord("mealquest", logging.INFO, __file__, 1, "hello", (), None)
+    assert ContextFormatter("%(message)s").format(plain) == "hello"
+
+
+def test_logging_is_configured_once(restore_log_level):
+    logger = logging.getLogger("mealquest")
+    configure_logging("INFO")
+    configure_logging("DEBUG")
+    names = [handler.get_name() for handler in logger.handlers]
+    assert names.count("mealquest-stderr") == 1
+    assert logger.level == logging.DEBUG
