@@ -1,0 +1,1 @@
+"""MealQuest's benchmark suite: `python -m bench` (see bench/README.md)."""

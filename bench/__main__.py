@@ -1,0 +1,375 @@
+"""Run the whole suite: `python -m bench [--quick] [--json PATH]`.
+
+Every figure is measured alongside its baseline in the same run, interleaved
+where it is repeated, because the machines are shared and noisy: only the
+ratios compare across runs. Prints a Markdown table and writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench import claims, memory, throughput, web
+from bench.common import FULL, QUICK, REPO, Sizes, copy_database, fresh_database, median, run_child
+from bench.loadgen import wrk_available
+
+SYNCHRONOUS = "NORMAL"  # the service's default (MEALQUEST_DB_SYNCHRONOUS)
+
+# Every figure the suite produces, in table order; the smoke test checks them all.
+FIGURES = (
+    "drain_vs_raw",
+    "cycle_vs_raw",
+    "drain_vs_huey",
+    "cycle_vs_huey",
+    "two_processes",
+    "latency_local_p50",
+    "latency_local_p99",
+    "latency_remote_p50",
+    "latency_remote_p99",
+    "http_job_rps",
+    "http_job_p99",
+    "freeze_longest_gap",
+    "claim_rate_store",
+    "claim_rate_statement",
+    "rss_growth",
+)
+
+
+def figure(name, value, unit, baseline, baseline_unit, baseline_what, target, met=None, ratio=True):
+    """One row: `value` divided by `baseline` (when `ratio`), and whether the target is met."""
+    return {
+        "figure": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "baseline_unit": baseline_unit,
+        "baseline_what": baseline_what,
+        "ratio": (value / baseline) if ratio and baseline else None,
+        "target": target,
+        "met": met,
+    }
+
+
+def _at_least(value: float | None, bound: float) -> bool:
+    return value is not None and value >= bound
+
+
+def measure_throughput(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
+    runs: dict[str, list[dict]] = {"raw": [], "runner": [], "huey": []}
+    for repeat in range(sizes.repeats):
+        for name, child in (
+            ("raw", "throughput_raw"),
+            ("runner", "throughput_runner"),
+            ("huey", "huey"),
+        ):
+            if name == "huey":
+                db, household = str(workdir / f"huey-{repeat}.sqlite3"), 0
+            else:
+                db, household = fresh_database(workdir, f"{name}-{repeat}.sqlite3")
+            args = {
+                "db": db,
+                "household": household,
+                "jobs": sizes.jobs,
+                "workers": sizes.workers,
+                "synchronous": SYNCHRONOUS,
+                "log": str(log),
+            }
+            runs[name].append(run_child(child, args))
+
+    def rate(name: str, key: str) -> float:
+        values = []
+        for run in runs[name]:
+            seconds = run["drain_seconds"] if key == "drain" else sum(run.values())
+            values.append(sizes.jobs / seconds)
+        return median(values)
+
+    drain, cycle = rate("runner", "drain"), rate("runner", "cycle")
+    raw_drain, raw_cycle = rate("raw", "drain"), rate("raw", "cycle")
+    huey_drain, huey_cycle = rate("huey", "drain"), rate("huey", "cycle")
+    rows = [
+        figure("drain_vs_raw", drain, "jobs/s", raw_drain, "jobs/s", "raw sqlite3 loop", "≥ 0.5x"),
+        figure("cycle_vs_raw", cycle, "jobs/s", raw_cycle, "jobs/s", "raw sqlite3 loop", "≥ 0.5x"),
+        figure("drain_vs_huey", drain, "jobs/s", huey_drain, "jobs/s", "SqliteHuey", "≥ 1.0x"),
+        figure("cycle_vs_huey", cycle, "jobs/s", huey_cycle, "jobs/s", "SqliteHuey", "≥ 1.0x"),
+    ]
+    for row, bound in zip(rows, (0.5, 0.5, 1.0, 1.0), strict=True):
+        row["met"] = _at_least(row["ratio"], bound)
+    return rows
+
+
+def measure_processes(sizes: Sizes, workdir: Path) -> list[dict]:
+    one, two = [], []
+    for _ in range(sizes.repeats):
+        one.append(throughput.drain_by_processes(workdir, 1, sizes.jobs, sizes.workers))
+        two.append(throughput.drain_by_processes(workdir, 2, sizes.jobs, sizes.workers))
+    return [
+        figure(
+            "two_processes",
+            sizes.jobs / median(two),
+            "jobs/s",
+            sizes.jobs / median(one),
+            "jobs/s",
+            "one worker process",
+            "report",
+        )
+    ]
+
+
+def measure_latency(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
+    results = {}
+    for name in ("latency_local", "latency_remote"):
+        db, household = fresh_database(workdir, f"{name}.sqlite3")
+        args = {
+            "db": db,
+            "household": household,
+            "samples": sizes.latency_samples,
+            "workers": sizes.workers,
+            "synchronous": SYNCHRONOUS,
+            "log": str(log),
+        }
+        results[name] = run_child(name, args)
+    local, remote = results["latency_local"], results["latency_remote"]
+    return [
+        figure(
+            "latency_local_p50",
+            local["p50_ms"],
+            "ms",
+            None,
+            "",
+            "",
+            "≤ 1 ms",
+            met=local["p50_ms"] <= 1,
+            ratio=False,
+        ),
+        figure(
+            "latency_local_p99",
+            local["p99_ms"],
+            "ms",
+            None,
+            "",
+            "",
+            "≤ 5 ms",
+            met=local["p99_ms"] <= 5,
+            ratio=False,
+        ),
+        figure("latency_remote_p50", remote["p50_ms"], "ms", None, "", "", "report", ratio=False),
+        figure(
+            "latency_remote_p99",
+            remote["p99_ms"],
+            "ms",
+            None,
+            "",
+            "",
+            "≤ 25 ms",
+            met=remote["p99_ms"] <= 25,
+            ratio=False,
+        ),
+    ]
+
+
+def measure_http(sizes: Sizes, workdir: Path, generator: str) -> list[dict]:
+    job, trivial = web.serve_and_load(
+        workdir, sizes.http_seconds, sizes.http_connections, sizes.repeats, generator
+    )
+    what = f"trivial JSON route, same gunicorn ({job['generator']})"
+    rps = figure(
+        "http_job_rps",
+        job["requests_per_s"],
+        "req/s",
+        trivial["requests_per_s"],
+        "req/s",
+        what,
+        "≥ 0.8x",
+    )
+    rps["met"] = _at_least(rps["ratio"], 0.8)
+    p99 = figure("http_job_p99", job["p99_ms"], "ms", trivial["p99_ms"], "ms", what, "report")
+    return [rps, p99]
+
+
+def measure_freeze(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
+    db, household = fresh_database(workdir, "freeze.sqlite3")
+    result = run_child(
+        "freeze",
+        {
+            "db": db,
+            "household": household,
+            "seconds": sizes.lock_seconds,
+            "workers": sizes.workers,
+            "synchronous": SYNCHRONOUS,
+            "log": str(log),
+        },
+    )
+    return [
+        figure(
+            "freeze_longest_gap",
+            result["longest_gap_ms"],
+            "ms",
+            result["longest_gap_unlocked_ms"],
+            "ms",
+            f"longest gap just before the {result['held_seconds']:.1f} s lock",
+            "≤ 50 ms",
+            met=result["longest_gap_ms"] <= 50,
+            ratio=False,
+        )
+    ]
+
+
+def measure_claims(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
+    big = claims.build_big_table(workdir, sizes.big_table_rows)
+    empty, _ = fresh_database(workdir, "empty.sqlite3")
+    household = 1  # fresh_database's only household
+    runs: dict[str, list[dict]] = {"empty": [], "big": []}
+    for repeat in range(sizes.repeats):
+        for name, source in (("empty", empty), ("big", big)):
+            db = copy_database(source, workdir / f"claims-{name}-{repeat}.sqlite3")
+            args = {
+                "db": db,
+                "household": household,
+                "claims": sizes.claims,
+                "synchronous": SYNCHRONOUS,
+                "log": str(log),
+            }
+            runs[name].append(run_child("claim_rate", args))
+            Path(db).unlink()
+    rows = []
+    what = "empty table"
+    for key, name in (
+        ("store_claims_per_s", "claim_rate_store"),
+        ("statement_claims_per_s", "claim_rate_statement"),
+    ):
+        big_rate = median([r[key] for r in runs["big"]])
+        empty_rate = median([r[key] for r in runs["empty"]])
+        row = figure(name, big_rate, "claims/s", empty_rate, "claims/s", what, "≥ 0.9x")
+        row["met"] = _at_least(row["ratio"], 0.9)
+        rows.append(row)
+    return rows
+
+
+def measure_memory(sizes: Sizes, workdir: Path) -> list[dict]:
+    result = memory.worker_rss(workdir, sizes.memory_small, sizes.memory_large, sizes.workers)
+    growth = result["rss_large_mb"] - result["rss_small_mb"]
+    return [
+        figure(
+            "rss_growth",
+            growth,
+            "MB",
+            result["rss_small_mb"],
+            "MB",
+            f"RSS after {sizes.memory_small:,} jobs (after {sizes.memory_large:,}: "
+            f"{result['rss_large_mb']:.1f} MB)",
+            "≤ 5 MB",
+            met=growth <= 5,
+            ratio=False,
+        )
+    ]
+
+
+def _number(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit in ("ms", "MB"):
+        return f"{value:.2f} {unit}"
+    return f"{value:,.0f} {unit}"
+
+
+def table(figures: list[dict]) -> str:
+    lines = [
+        "| figure | value | baseline (same run) | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in figures:
+        baseline = _number(row["baseline"], row["baseline_unit"])
+        if row["baseline_what"]:
+            baseline = f"{baseline}: {row['baseline_what']}" if row["baseline"] is not None else ""
+        ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "—"
+        met = {True: "met", False: "**not met**", None: "(report)"}[row["met"]]
+        value = _number(row["value"], row["unit"])
+        lines.append(
+            f"| {row['figure']} | {value} | {baseline} | {ratio} | {row['target']} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+SECTIONS = ("throughput", "processes", "latency", "http", "freeze", "claims", "memory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument(
+        "--loadgen",
+        choices=("auto", "wrk", "python"),
+        default="auto",
+        help="HTTP load generator (auto: wrk if installed)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    options = parser.parse_args(argv)
+    sizes = QUICK if options.quick else FULL
+    generator = options.loadgen
+    if generator == "auto":
+        generator = "wrk" if wrk_available() else "python"
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    json_path = options.json or REPO / "bench" / "results" / f"bench-{stamp}.json"
+    workdir = Path(tempfile.mkdtemp(prefix="mealquest-bench-"))
+    log = workdir / "children.log"
+    sections = options.only or SECTIONS
+    started = time.monotonic()
+    figures: list[dict] = []
+    try:
+        for section in sections:
+            section_started = time.monotonic()
+            if section == "throughput":
+                figures += measure_throughput(sizes, workdir, log)
+            elif section == "processes":
+                figures += measure_processes(sizes, workdir)
+            elif section == "latency":
+                figures += measure_latency(sizes, workdir, log)
+            elif section == "http":
+                figures += measure_http(sizes, workdir, generator)
+            elif section == "freeze":
+                figures += measure_freeze(sizes, workdir, log)
+            elif section == "claims":
+                figures += measure_claims(sizes, workdir, log)
+            elif section == "memory":
+                figures += measure_memory(sizes, workdir)
+            print(f"{section}: {time.monotonic() - section_started:.1f} s", file=sys.stderr)
+    finally:
+        if options.keep:
+            print(f"work directory kept: {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results = {
+        "mode": "quick" if options.quick else "full",
+        "started": stamp,
+        "seconds": time.monotonic() - started,
+        "sizes": asdict(sizes),
+        "synchronous": SYNCHRONOUS,
+        "http_generator": generator,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version,
+        },
+        "figures": figures,
+    }
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(figures))
+    print(f"\n{results['mode']} run, {results['seconds']:.0f} s; JSON: {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

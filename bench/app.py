@@ -1,0 +1,76 @@
+"""The app the benchmarks run: the real one, plus bench job kinds and a trivial route.
+
+The trivial JSON route is the HTTP baseline, so it is served by the very same
+app and gunicorn settings as the route it is compared with (`bench/wsgi.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent.event
+from flask import Flask, jsonify
+from marshmallow import Schema, fields
+
+from mealquest import create_app
+from mealquest.extensions import get_jobs
+from mealquest.jobs.runner import JobContext
+
+
+class EmptySchema(Schema):
+    pass
+
+
+class StampSchema(Schema):
+    # time.monotonic() when enqueued: CLOCK_MONOTONIC is one clock for every
+    # process of the machine, so another process's stamp compares with ours.
+    enqueued = fields.Float(required=True)
+
+
+class Counter:
+    """Counts handler runs in this process; `done` is set when `target` is reached."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.target = -1
+        self.done = gevent.event.Event()
+        self.delays: list[float] = []
+
+    def expect(self, target: int) -> None:
+        self.count = 0
+        self.target = target
+        self.delays = []
+        self.done.clear()
+
+    def hit(self) -> None:
+        self.count += 1
+        if self.count == self.target:
+            self.done.set()
+
+
+counter = Counter()
+
+
+def noop(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    counter.hit()
+    return {}
+
+
+def stamp(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    counter.delays.append(time.monotonic() - payload["enqueued"])
+    counter.hit()
+    return {}
+
+
+def trivial() -> Any:
+    return jsonify({"status": "ok"})
+
+
+def create_bench_app(config: dict[str, Any] | None = None) -> Flask:
+    app = create_app(config)
+    registry = get_jobs(app).registry
+    registry.register("noop", noop, payload=EmptySchema, result=EmptySchema)
+    registry.register("stamp", stamp, payload=StampSchema, result=EmptySchema)
+    app.add_url_rule("/bench/trivial", "bench_trivial", trivial)
+    return app

@@ -1,0 +1,35 @@
+"""One measurement in a fresh process: `python -m bench.child NAME JSON_ARGS`.
+
+Patched by gevent first, as a gunicorn gevent worker is. Log lines (ours at
+INFO, as deployed, and huey's) go to the file named by `log`, not a pipe the
+parent would have to drain. The result is one JSON line on stdout.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+
+def main() -> None:
+    from bench import claims, freeze, latency, memory, throughput
+
+    functions = {
+        **throughput.CHILDREN,
+        **latency.CHILDREN,
+        **freeze.CHILDREN,
+        **claims.CHILDREN,
+        **memory.CHILDREN,
+    }
+    name, args = sys.argv[1], json.loads(sys.argv[2])
+    if args.get("log"):
+        sys.stderr = open(args["log"], "a", buffering=1)  # noqa: SIM115 - for the process's life
+    result = functions[name](args)
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

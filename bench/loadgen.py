@@ -1,0 +1,93 @@
+"""Load generators for the HTTP figure: wrk when installed, else a small Python one.
+
+Both hold `connections` keep-alive connections on loopback for a bounded time
+and report requests per second, the 99th percentile latency and how many
+answers were not 200 (a non-200 answer would make a route look cheap).
+The Python generator is slower than wrk and saturates the server less, but
+the figure is a ratio of two routes driven the same way, so it stays
+comparable; the table says which generator ran.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+from bench.common import percentile
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+
+
+def wrk_available() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def run_wrk(url: str, headers: dict[str, str], seconds: float, connections: int) -> dict:
+    args = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
+    for name, value in headers.items():
+        args += ["-H", f"{name}: {value}"]
+    output = subprocess.run(
+        [*args, url], capture_output=True, text=True, check=True, timeout=seconds + 60
+    ).stdout
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", output, re.MULTILINE)
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    errors = re.search(r"Socket errors:.*", output)
+    if not rate or not p99:
+        raise RuntimeError(f"unexpected wrk output:\n{output}")
+    return {
+        "requests_per_s": float(rate.group(1)),
+        "p99_ms": float(p99.group(1)) * _UNITS[p99.group(2)],
+        "non_200": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(0) if errors else "",
+        "generator": "wrk",
+    }
+
+
+def run_python(url: str, headers: dict[str, str], seconds: float, connections: int) -> dict:
+    match = re.match(r"http://([^:/]+):(\d+)(/.*)", url)
+    assert match, url
+    host, port, path = match.group(1), int(match.group(2)), match.group(3)
+    latencies: list[list[float]] = [[] for _ in range(connections)]
+    non_200 = [0] * connections
+    deadline = time.perf_counter() + seconds
+
+    def client(index: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            latencies[index].append(time.perf_counter() - started)
+            if response.status != 200:
+                non_200[index] += 1
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(connections)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    every = [value for values in latencies for value in values]
+    return {
+        "requests_per_s": len(every) / elapsed,
+        "p99_ms": 1000 * percentile(every, 0.99),
+        "non_200": sum(non_200),
+        "socket_errors": "",
+        "generator": "python",
+    }
+
+
+def run_load(
+    url: str, headers: dict[str, str], seconds: float, connections: int, generator: str
+) -> dict:
+    if generator == "wrk":
+        return run_wrk(url, headers, seconds, connections)
+    return run_python(url, headers, seconds, connections)

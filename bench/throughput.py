@@ -1,0 +1,232 @@
+"""Runner throughput against a raw SQLite loop and against huey, and two processes on one file.
+
+Each run drains `n` no-op jobs enqueued ahead. The runner and its baselines do
+the same work per job: an enqueue transaction, a claim, and a completion that
+stores an empty result. Times: enqueue (n single-job transactions), drain
+(from the start of the workers until no job is queued or running).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from bench.common import REPO, fresh_database, wait_until
+
+# The store's statements, copied from mealquest/jobs/queries.py (claim with LIMIT 1).
+INSERT = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, run_at, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)"
+)
+CLAIM = (
+    "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
+    "lease_expires_at = ?, started_at = ?, updated_at = ? "
+    "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
+    "ORDER BY run_at, seq LIMIT ?) "
+    "RETURNING id, seq, household_id, kind, payload, status, result, error, attempt, "
+    "max_attempts, run_at, lease_owner, lease_expires_at, created_at, updated_at, "
+    "started_at, finished_at"
+)
+SUCCEED = (
+    "UPDATE jobs SET status = 'succeeded', result = ?, lease_owner = NULL, "
+    "lease_expires_at = NULL, updated_at = ?, finished_at = ? "
+    "WHERE id = ? AND status = 'running' AND lease_owner = ? AND attempt = ?"
+)
+ACTIVE = (
+    "SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') "
+    "OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running')"
+)
+_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime(_FORMAT)
+
+
+def raw_child(args: dict) -> dict:
+    """The baseline: plain sqlite3, our pragmas, one transaction per enqueue, claim, completion."""
+    conn = sqlite3.connect(args["db"], isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    household, n = args["household"], args["jobs"]
+    started = time.perf_counter()
+    for _ in range(n):
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
+        conn.execute("COMMIT")
+    enqueued = time.perf_counter()
+    owner = secrets.token_hex(16)
+    while True:
+        moment = datetime.now(UTC)
+        now, expires = _stamp(moment), _stamp(moment + timedelta(seconds=30))
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute(CLAIM, (owner, expires, now, now, now, 1)).fetchall()
+        conn.execute("COMMIT")
+        if not rows:
+            break
+        job_id, attempt = rows[0][0], rows[0][8]
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(SUCCEED, ("{}", now, now, job_id, owner, attempt))
+        conn.execute("COMMIT")
+    drained = time.perf_counter()
+    conn.close()
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
+def runner_child(args: dict) -> dict:
+    """Our runner: `JobService.enqueue` one job at a time, then one process's pool drains."""
+    import gevent
+
+    from bench.app import counter, create_bench_app
+    from mealquest.extensions import get_jobs, get_store
+
+    app = create_bench_app(
+        {
+            "DATABASE": args["db"],
+            "DB_SYNCHRONOUS": args["synchronous"],
+            "JOB_WORKERS": args["workers"],
+        }
+    )
+    jobs, store = get_jobs(app), get_store(app)
+    household, n = args["household"], args["jobs"]
+    counter.expect(n)
+    started = time.perf_counter()
+    for _ in range(n):
+        jobs.enqueue("noop", {}, household_id=household)
+    enqueued = time.perf_counter()
+    pool = jobs.start_pool()
+    counter.done.wait()
+    while store.read(lambda conn: conn.execute(ACTIVE).fetchone()[0]):
+        gevent.sleep(0.001)
+    drained = time.perf_counter()
+    pool.stop(5)
+    store.close()
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
+def huey_child(args: dict) -> dict:
+    """The peer: huey's SqliteHuey, greenlet workers, at our `synchronous` setting."""
+    from huey import SqliteHuey
+    from huey.storage import SqliteStorage
+
+    from bench.app import counter
+
+    synchronous = args["synchronous"]
+
+    class Storage(SqliteStorage):
+        def _create_connection(self):
+            conn = super()._create_connection()
+            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            return conn
+
+    # Huey's consumer logs at INFO, as ours does; both go to the same kind of file.
+    huey_logger = logging.getLogger("huey")
+    huey_logger.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    huey_logger.addHandler(handler)
+
+    huey = SqliteHuey("bench", filename=args["db"], storage_class=Storage)
+
+    @huey.task()
+    def noop():
+        counter.hit()
+        return {}  # stored, as our runner stores each job's result
+
+    n = args["jobs"]
+    counter.expect(n)
+    started = time.perf_counter()
+    for _ in range(n):
+        noop()
+    enqueued = time.perf_counter()
+    consumer = huey.create_consumer(
+        workers=args["workers"], worker_type="greenlet", periodic=False, check_worker_health=False
+    )
+    consumer.start()
+    counter.done.wait()
+    drained = time.perf_counter()
+    consumer.stop(graceful=True)
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
+CHILDREN = {"throughput_raw": raw_child, "throughput_runner": runner_child, "huey": huey_child}
+
+
+def worker_process(db: str, log: Path, **config: object) -> subprocess.Popen:
+    """A `flask jobs work` process of the bench app (the deployed worker, without HTTP)."""
+    env = {
+        "PYTHONPATH": str(REPO),
+        "MEALQUEST_DATABASE": db,
+        **{f"MEALQUEST_{key}": str(value) for key, value in config.items()},
+    }
+    import os
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "bench.wsgi", "jobs", "work"],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def drain_by_processes(workdir: Path, count: int, n: int, workers: int) -> float:
+    """Seconds for `count` worker processes to drain `n` jobs committed at once."""
+    db, household = fresh_database(workdir, f"procs{count}.sqlite3")
+    logs = [workdir / f"procs{count}-{i}.log" for i in range(count)]
+    processes = [worker_process(db, log, JOB_WORKERS=workers) for log in logs]
+    try:
+        wait_until(
+            lambda: (
+                all("job pool started" in log.read_text() for log in logs)
+                or any(p.poll() is not None for p in processes)
+            ),
+            timeout=60,
+            what="worker processes ready",
+        )
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError("a worker exited:\n" + "\n".join(log.read_text() for log in logs))
+        conn = sqlite3.connect(db, isolation_level=None)
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(
+            INSERT,
+            ((uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now) for _ in range(n)),
+        )
+        conn.execute("COMMIT")
+        started = time.perf_counter()
+        wait_until(
+            lambda: not conn.execute(ACTIVE).fetchone()[0],
+            timeout=600,
+            interval=0.002,
+            what="drained",
+        )
+        drained = time.perf_counter()
+        conn.close()
+    finally:
+        stop_processes(processes)
+    return drained - started
