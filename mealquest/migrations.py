@@ -212,14 +212,25 @@ def upgrade(
                 continue
             if target is not None and migration.version > target:
                 break
-            _apply(conn, migration)
-            done.append(migration)
+            if _apply(conn, migration):
+                done.append(migration)
         return done
     finally:
         conn.close()
 
 
-def _apply(conn: sqlite3.Connection, migration: Migration) -> None:
+def _applied_meanwhile(conn: sqlite3.Connection, migration: Migration) -> bool:
+    row = conn.execute(
+        "SELECT name, checksum FROM schema_migrations WHERE version = ?", (migration.version,)
+    ).fetchone()
+    if row is None:
+        return False
+    _check_checksums([migration], {migration.version: row})
+    return True
+
+
+def _apply(conn: sqlite3.Connection, migration: Migration) -> bool:
+    """Apply one migration; False if another process applied it meanwhile."""
     sql = migration.path.read_text(encoding="utf-8")
     checksum = migration.checksum
     # Must be outside a transaction: inside one this pragma is silently ignored.
@@ -227,6 +238,11 @@ def _apply(conn: sqlite3.Connection, migration: Migration) -> None:
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # Read again under the write lock: another `flask db upgrade` may
+            # have applied it since this one read the ledger.
+            if _applied_meanwhile(conn, migration):
+                conn.execute("ROLLBACK")
+                return False
             for statement in split_statements(sql):
                 conn.execute(statement)
             problems = conn.execute("PRAGMA foreign_key_check").fetchall()
@@ -241,6 +257,7 @@ def _apply(conn: sqlite3.Connection, migration: Migration) -> None:
                 (migration.version, migration.name, checksum, to_text(utc_now())),
             )
             conn.execute("COMMIT")
+            return True
         except sqlite3.Error as error:
             # Some errors (RAISE(ROLLBACK), a full disk) have already ended the
             # transaction: a second ROLLBACK would hide the real error.
