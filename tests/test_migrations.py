@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,8 @@ import pytest
 from mealquest import migrations
 from mealquest.households import household_for_token, token_digest
 from mealquest.store import Store
+from tests.conftest import wait_for
+from tests.support.sqlite_lock import LockHolder
 
 T0 = "2025-01-01T10:00:00.000000Z"
 T1 = "2025-01-01T10:05:00.000000Z"
@@ -473,3 +477,45 @@ def test_bad_file_names_and_duplicate_versions_are_refused(tmp_path):
     dup = write_migrations(tmp_path / "dup", {"0001_a.sql": "SELECT 1;", "0001_b.sql": "SELECT 1;"})
     with pytest.raises(migrations.MigrationError, match="share a version"):
         migrations.discover(dup)
+
+
+def test_two_upgrades_at_once_apply_each_migration_once(tmp_path):
+    """Both read the ledger, then queue for the write lock; the second must not re-apply."""
+    path = str(tmp_path / "race.sqlite3")
+    directory = write_migrations(
+        tmp_path / "m",
+        {
+            "0001_a.sql": "CREATE TABLE a (id INTEGER PRIMARY KEY);",
+            "0002_b.sql": "CREATE TABLE b (id INTEGER PRIMARY KEY);",
+        },
+    )
+    # An empty, WAL-mode database with the ledger, so neither upgrade needs
+    # the write lock before its first migration.
+    migrations.upgrade(path, write_migrations(tmp_path / "none", {}))
+    holder = LockHolder(path)
+    outcomes = {}
+
+    def run(name):
+        try:
+            outcomes[name] = [m.version for m in migrations.upgrade(path, directory)]
+        except BaseException as error:
+            outcomes[name] = error
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("first", "second")]
+    try:
+        holder.hold()
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        # Give both time to read the ledger and wait on the lock (if either is
+        # slower, it reads the ledger after the other's commit: still correct).
+        wait_for(lambda: time.monotonic() > started + 1.0)
+        holder.release()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        holder.stop()
+
+    assert not any(isinstance(outcome, BaseException) for outcome in outcomes.values()), outcomes
+    assert sorted(outcomes["first"] + outcomes["second"]) == [1, 2]
+    assert ledger(path) == [1, 2]
