@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sqlite3
+import unicodedata
 from dataclasses import dataclass
 
 from mealquest.clock import to_text, utc_now
 from mealquest.store import Store, Transaction
 
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
+# Unicode control, format (e.g. bidi overrides), line and paragraph separators.
+_CONTROL = {"Cc", "Cf", "Zl", "Zp"}
 
 
 class HouseholdError(Exception):
@@ -71,6 +74,9 @@ def create_household(store: Store, name: str) -> IssuedToken:
     name = name.strip()
     if not 1 <= len(name) <= 200:
         raise HouseholdError("a household name has 1 to 200 characters")
+    if any(unicodedata.category(char) in _CONTROL for char in name):
+        # A newline would forge lines of `flask households list` and of logs.
+        raise HouseholdError("a household name has no control characters")
 
     def insert(tx: Transaction) -> IssuedToken:
         cursor = tx.execute(
