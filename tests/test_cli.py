@@ -92,11 +92,21 @@ def test_households_create_prints_a_working_token(runner, client):
     assert f"{created['household_id']}  The Browns  tokens=1" in listed.output
 
 
-@pytest.mark.parametrize("name", ["", "   ", "x" * 201], ids=["empty", "blank", "too-long"])
-def test_households_create_refuses_a_bad_name(runner, store, name):
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "1 to 200 characters"),
+        ("   ", "1 to 200 characters"),
+        ("x" * 201, "1 to 200 characters"),
+        ("The Smiths\n2  Forged  tokens=9", "no control characters"),
+        ("bidi\u202eevil", "no control characters"),
+    ],
+    ids=["empty", "blank", "too-long", "newline", "bidi-override"],
+)
+def test_households_create_refuses_a_bad_name(runner, store, name, message):
     result = runner.invoke(args=["households", "create", name])
     assert result.exit_code == 1
-    assert "Error: a household name has 1 to 200 characters" in result.output
+    assert f"Error: a household name has {message}" in result.output
     assert (
         store.read(lambda conn: conn.execute("SELECT count(*) FROM households").fetchone()[0]) == 0
     )
