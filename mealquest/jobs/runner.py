@@ -4,9 +4,11 @@ One pool per process. A dispatcher greenlet claims as many due jobs as there
 are free workers (one `UPDATE ... RETURNING` statement) and runs each in its
 own greenlet; an idle dispatcher wakes on an enqueue in this process, on a
 commit by another process (`PRAGMA data_version`, checked every few
-milliseconds), or on the poll interval. A heartbeat greenlet renews the
-leases of the jobs this process runs, and a rescuer greenlet takes back jobs
-whose lease expired anywhere.
+milliseconds), or on the poll interval. A completer greenlet records the
+outcomes of jobs that finish together in one write transaction (each write
+still fenced on its own lease). A heartbeat greenlet renews the leases of the
+jobs this process runs, and a rescuer greenlet takes back jobs whose lease
+expired anywhere.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import gevent
-from gevent.event import Event
+from gevent.event import AsyncResult, Event
 from gevent.greenlet import Greenlet
 from marshmallow import ValidationError
 
@@ -123,6 +125,22 @@ class _Running:
     greenlet: Greenlet | None = field(default=None)
 
 
+@dataclass
+class _Outcome:
+    """A finished job's final write, waiting for the completer; `recorded` gets
+    whether the fenced write matched the job (or the write's exception)."""
+
+    lease: queries.Lease
+    write: Callable[..., bool]
+    values: dict[str, str]
+    recorded: AsyncResult = field(default_factory=AsyncResult)
+
+
+def _write_outcomes(tx: Transaction, outcomes: list[_Outcome], now: str) -> list[bool]:
+    # Runs in the writer thread: plain statements only, no gevent objects.
+    return [outcome.write(tx, outcome.lease, now=now, **outcome.values) for outcome in outcomes]
+
+
 class Pool:
     def __init__(
         self,
@@ -148,6 +166,8 @@ class Pool:
         self._started = False
         self._dispatcher: Greenlet | None = None
         self._services: list[Greenlet] = []
+        self._outcomes: list[_Outcome] = []
+        self._outcome_waiting = Event()
 
     @property
     def running(self) -> bool:
@@ -169,6 +189,7 @@ class Pool:
             logger.exception("rescue at pool start failed; the periodic rescue will retry")
         self._dispatcher = gevent.spawn(self._dispatch)
         self._services = [
+            gevent.spawn(self._complete),
             gevent.spawn(self._every, self.settings.heartbeat_seconds, self.heartbeat_once),
             gevent.spawn(self._every, self.settings.rescue_seconds, self.rescue_once),
         ]
@@ -356,9 +377,18 @@ class Pool:
         extra: dict[str, Any],
         **values: str,
     ) -> None:
-        """Make a final (fenced) write; a write that matches no row is logged, not retried."""
+        """Make a final (fenced) write; a write that matches no row is logged, not retried.
+
+        The write goes to the completer, which commits the outcomes of jobs
+        that finish together in one transaction (one hop to the writer thread
+        and one commit instead of one each); this waits until it is committed,
+        so the worker's slot frees only once the outcome is stored.
+        """
+        outcome = _Outcome(lease, write, values)
+        self._outcomes.append(outcome)
+        self._outcome_waiting.set()
         try:
-            recorded = self.store.write(write, lease, now=to_text(utc_now()), **values)
+            recorded = outcome.recorded.get()
         except Exception:
             logger.exception(
                 "recording the job's outcome failed; its lease will expire", extra=extra
@@ -366,6 +396,29 @@ class Pool:
             return
         if not recorded:
             logger.warning("job was no longer ours when its outcome was recorded", extra=extra)
+
+    def _complete(self) -> None:
+        """The completer: records every waiting outcome in one write, then the next batch."""
+        while True:
+            self._outcome_waiting.wait()
+            self._outcome_waiting.clear()
+            batch, self._outcomes = self._outcomes, []
+            if batch:
+                self._record_batch(batch)
+
+    def _record_batch(self, batch: list[_Outcome]) -> None:
+        try:
+            recorded = self.store.write(_write_outcomes, batch, to_text(utc_now()))
+        except Exception as error:
+            if len(batch) == 1:
+                batch[0].recorded.set_exception(error)
+                return
+            # One outcome's failure must not cost the others theirs: one by one.
+            for outcome in batch:
+                self._record_batch([outcome])
+            return
+        for outcome, matched in zip(batch, recorded, strict=True):
+            outcome.recorded.set(matched)
 
     # -- maintenance ------------------------------------------------------------
 
