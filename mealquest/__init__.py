@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import cli, errors, health, recipes
+from mealquest import cli, errors, health, recipes, serving
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS
 from mealquest.extensions import init_store
@@ -41,4 +41,5 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.cli.add_command(jobs_cli)
     app.register_blueprint(health.bp)
     app.register_blueprint(api_bp)
+    serving.init_app(app)
     return app

@@ -34,7 +34,15 @@ DEFAULTS: dict[str, Any] = {
     "JOB_RESCUE_SECONDS": 15.0,
     # How long a stopping pool lets running jobs finish before it stops them.
     "JOB_STOP_TIMEOUT_SECONDS": 25.0,
-    # Flask: the largest request body accepted (413 above it).
+    # Whether each gunicorn web worker runs a job pool (True), or serves HTTP
+    # only (False) for deployments that run `flask jobs work` processes.
+    "JOB_POOL_IN_WEB": True,
+    # How many proxies in front of the app to trust for X-Forwarded-For, -Proto,
+    # -Host and -Port (werkzeug's ProxyFix). 0: none, the app faces clients; 1:
+    # behind one nginx. More than the real number lets clients spoof their address.
+    "PROXY_FIX_HOPS": 0,
+    # Flask: the largest request body accepted (413 above it). nginx's
+    # client_max_body_size in deploy/nginx.conf matches it.
     "MAX_CONTENT_LENGTH": 64 * 1024,
     # Level of the service's own log lines (stderr).
     "LOG_LEVEL": "INFO",

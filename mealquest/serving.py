@@ -1,0 +1,208 @@
+"""Production serving: what gunicorn's hooks do in a worker, and the app's proxy settings.
+
+`gunicorn.conf.py` imports this module only inside its hook functions, so it
+is imported in a worker after the gevent worker has monkey-patched and
+re-initialised the hub (and never in the master, which must hold nothing of
+ours across fork). What happens when:
+
+* `post_worker_init` -> `start_worker`: refuses a database behind the
+  migrations (the worker exits with gunicorn's boot-error status, which stops
+  the master), starts this process's job pool unless `JOB_POOL_IN_WEB` is
+  off, and spawns a watcher that begins the pool's drain as soon as the worker
+  stops serving. The gevent worker waits, on SIGTERM, only for HTTP requests
+  and runs no hook at that moment, so the watcher is what lets running jobs
+  use the graceful timeout instead of whatever is left of it at exit.
+* `worker_int` -> `interrupt_worker` (SIGINT/SIGQUIT, quick shutdown): stop
+  the pool at once, recording its running jobs.
+* `worker_exit` -> `stop_worker`: waits for the drain (starting it if the
+  worker exits some other way) and logs what it had to stop.
+
+The drain is bounded by gunicorn's `graceful_timeout`, after which the
+master SIGKILLs the worker, and by `timeout`, since a worker past its main
+loop no longer tells the master it is alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+from flask import Flask, Response, request
+from gevent.greenlet import Greenlet
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+from mealquest import migrations
+from mealquest.extensions import get_jobs, get_store
+from mealquest.jobs.runner import Pool, StopReport
+
+logger = logging.getLogger(__name__)
+
+# Kept back from gunicorn's graceful timeout for killing what is still running,
+# recording it, and exiting before the master's SIGKILL.
+STOP_MARGIN_SECONDS = 1.0
+# How often the watcher looks at `worker.alive` (a Python attribute: no I/O).
+_WATCH_SECONDS = 0.1
+# gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker exiting with it stops the master.
+_WORKER_BOOT_ERROR = 3
+
+REQUEST_ID_HEADER = "X-Request-ID"
+# A forwarded request id is echoed only if it is short and plain: it ends up
+# in log lines.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+# -- the app side: proxy headers and request ids --------------------------------
+
+
+def init_app(app: Flask) -> None:
+    """Trust `PROXY_FIX_HOPS` proxies' `X-Forwarded-*` headers, and give every
+    response an `X-Request-ID` (the proxy's, or a new one) for the access log."""
+    hops = int(app.config["PROXY_FIX_HOPS"])
+    if hops < 0:
+        raise ValueError("PROXY_FIX_HOPS must be 0 (no proxy) or the number of proxies")
+    if hops:
+        # Only as many hops as configured: a client can send its own
+        # X-Forwarded-For, and trusting one hop too many lets it pick its address.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
+        )
+    app.after_request(_set_request_id)
+
+
+def _set_request_id(response: Response) -> Response:
+    forwarded = request.headers.get(REQUEST_ID_HEADER, "")
+    response.headers[REQUEST_ID_HEADER] = (
+        forwarded if _REQUEST_ID.match(forwarded) else uuid.uuid4().hex
+    )
+    return response
+
+
+# -- the master side: refuse to start on an unmigrated database ----------------
+
+
+def check_database(app_uri: str) -> int:
+    """Exit status for gunicorn's start: 0 if the app's database is fully
+    migrated, else 1 after printing one line that says what to run.
+
+    Run by the master in a child process (see gunicorn.conf.py), so the
+    master itself never imports the app or opens the database.
+    """
+    from gunicorn.util import import_app
+
+    path = flask_app(import_app(app_uri)).config["DATABASE"]
+    refusal = "mealquest: refusing to start: the database"
+    if not os.path.exists(path):
+        print(f"{refusal} {path} does not exist; run `flask db upgrade` first", file=sys.stderr)
+        return 1
+    try:
+        pending = [s.migration.path.name for s in migrations.status(path) if not s.applied]
+    except migrations.MigrationError as error:
+        print(f"{refusal} {path} cannot be used: {error}", file=sys.stderr)
+        return 1
+    if pending:
+        print(
+            f"{refusal} {path} is not migrated ({len(pending)} pending: {', '.join(pending)}); "
+            "run `flask db upgrade`, then start gunicorn again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# -- the worker side: the pool's life in a gunicorn worker ---------------------
+
+
+def flask_app(wsgi: Any) -> Flask:
+    if not isinstance(wsgi, Flask):
+        raise TypeError("the gunicorn app must be the Flask app from create_app()")
+    return wsgi
+
+
+@dataclass
+class _WorkerPool:
+    """This worker's pool and its drain (a module global: one per process)."""
+
+    pool: Pool
+    stopper: Greenlet | None = None
+    deadline: float = 0.0
+
+
+_current: _WorkerPool | None = None
+
+
+def start_worker(worker: Any) -> None:
+    """post_worker_init: check the database, start the pool, watch for the stop."""
+    global _current
+    app = flask_app(worker.wsgi)
+    try:
+        if app.config["JOB_POOL_IN_WEB"]:
+            pool = get_jobs(app).start_pool()
+        else:
+            # Web-only: jobs run in `flask jobs work` processes; still refuse
+            # to serve a database behind the code.
+            get_store(app).read(migrations.require_current_of, migrations.discover())
+            logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
+            return
+    except migrations.MigrationError as error:
+        logger.error("refusing to serve: %s", error)
+        sys.exit(_WORKER_BOOT_ERROR)
+    _current = _WorkerPool(pool)
+    gevent.spawn(_watch, worker)
+
+
+def _watch(worker: Any) -> None:
+    # gunicorn clears `alive` on SIGTERM, SIGQUIT, SIGINT and after max_requests.
+    while worker.alive:
+        gevent.sleep(_WATCH_SECONDS)
+    _begin_stop(worker, quick=False)
+
+
+def interrupt_worker(worker: Any) -> None:
+    """worker_int: a quick shutdown; record running jobs now instead of waiting."""
+    _begin_stop(worker, quick=True)
+
+
+def _begin_stop(worker: Any, *, quick: bool) -> None:
+    current = _current
+    if current is None or current.stopper is not None:
+        return
+    budget = min(float(worker.cfg.graceful_timeout), float(worker.cfg.timeout))
+    timeout = 0.0 if quick else max(0.0, budget - STOP_MARGIN_SECONDS)
+    current.deadline = time.monotonic() + timeout + STOP_MARGIN_SECONDS
+    logger.info("worker stopping: running jobs get up to %.1fs to finish", timeout)
+    current.stopper = gevent.spawn(current.pool.stop, timeout)
+
+
+def stop_worker(worker: Any) -> StopReport | None:
+    """worker_exit: wait for the drain to record everything, and log what it did.
+
+    Runs in the worker's main greenlet after the gevent worker's loop ended;
+    the hub still runs greenlets while this waits, which the drain needs.
+    """
+    current = _current
+    if current is None:
+        return None
+    _begin_stop(worker, quick=False)  # exits without SIGTERM (parent died) start it here
+    assert current.stopper is not None
+    current.stopper.join(timeout=max(0.0, current.deadline - time.monotonic()))
+    if not current.stopper.ready():
+        logger.error("the job pool did not stop in time; its jobs' leases will expire")
+        return None
+    if not current.stopper.successful():
+        logger.error("stopping the job pool failed", exc_info=current.stopper.exception)
+        return None
+    report: StopReport = current.stopper.value
+    logger.info(
+        "worker exit: %d jobs finished, %d re-queued, %d interrupted by restart",
+        report.finished,
+        len(report.requeued),
+        len(report.failed),
+    )
+    return report
