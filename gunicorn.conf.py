@@ -1,16 +1,131 @@
 """gunicorn settings for MealQuest (see the README's deployment section).
 
-Imports nothing of ours and opens nothing: this file is read by the master,
-and nothing opened before fork may be used after it.
+This file is read by the master (and again on SIGHUP). It imports nothing of
+ours and opens nothing at module level: a connection or a module-level lock
+made before fork would be shared by, or stay unpatched in, every worker. The
+hooks import `mealquest.serving` inside their bodies, in the worker, once the
+gevent worker has monkey-patched. No `preload_app`, for the same reason.
+
+Any setting can be overridden with GUNICORN_CMD_ARGS or command-line flags.
 """
 
-import os
+from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the hooks' hints only; nothing is imported at run time
+    from gunicorn.arbiter import Arbiter
+    from gunicorn.workers.base import Worker
+
+# The app gunicorn loads in each worker when no APP_MODULE is given.
 wsgi_app = "wsgi:app"
 # gevent workers: one process serves many requests and runs the job pool's greenlets.
 worker_class = "gevent"
+# Where to listen; behind nginx, keep it on loopback (or a unix socket: "unix:/run/...").
 bind = os.environ.get("MEALQUEST_BIND", "127.0.0.1:8000")
-# WEB_CONCURRENCY is read by gunicorn itself; 2 is a fit for a small machine.
+# Worker processes; each runs its own job pool. 2 fits a small machine.
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-# No control socket under the home directory (gunicorn 25.1+ opens one by default).
-control_socket_disable = True
+# Requests (connections) one gevent worker serves at once.
+worker_connections = 1000
+# Seconds a worker may go without telling the master it is alive before it is
+# killed. A gevent worker tells it every second unless its hub is blocked (the
+# store never blocks it). It must exceed graceful_timeout: a worker past its
+# main loop, draining its pool in worker_exit, no longer tells it.
+timeout = 30
+# Seconds a stopping worker (SIGTERM, SIGHUP, max_requests) has to finish its
+# requests and jobs before the master SIGKILLs it; the pool gets this minus a
+# second, then records the jobs it had to stop. systemd's TimeoutStopSec must
+# be longer.
+graceful_timeout = 25
+# Seconds an idle keep-alive connection is held open for its next request.
+keepalive = 2
+# Recycle a worker after this many requests (0: never), spread by the jitter
+# so that workers do not all restart together. Off by default; safe either way:
+# a recycled worker drains its jobs like a SIGTERMed one.
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "0"))
+max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", "0"))
+# gunicorn 25.1+ opens a control socket under the home directory by default.
+# Off unless a path is given (it lets its owner reload and stop the server).
+if os.environ.get("GUNICORN_CONTROL_SOCKET"):
+    control_socket = os.environ["GUNICORN_CONTROL_SOCKET"]
+    control_socket_mode = 0o600
+else:
+    control_socket_disable = True
+# Access log to stdout (the journal under systemd). Each line carries the
+# request id (nginx's $request_id, echoed by the app, or one the app made),
+# the address nginx saw the client at, and the worker's pid.
+accesslog = "-"
+access_log_format = (
+    '%(h)s fwd=%({x-forwarded-for}i)s "%(r)s" %(s)s %(B)s %(M)sms '
+    'rid=%({x-request-id}o)s pid=%(p)s "%(a)s"'
+)
+# gunicorn's own log lines (and ours) go to stderr.
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
+
+
+def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> None:
+    # Why this hook: with old_value None it is the earliest hook gunicorn runs,
+    # once, while the master is being built, before it logs, binds or forks
+    # anything. So a database behind the code's migrations stops the start
+    # with our line as the first one printed (later worker-count changes pass
+    # here with a number and are ignored; workers check again as they start).
+    # The check runs in a child process so that the master never imports the
+    # app or opens the database.
+    if old_value is not None:
+        return
+    check = (
+        "import sys; from mealquest.serving import check_database; "
+        "sys.exit(check_database(sys.argv[1]))"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    status = subprocess.run(  # noqa: S603 - our own interpreter and module
+        [sys.executable, "-c", check, server.app.app_uri],
+        cwd=server.cfg.chdir,
+        env=env,
+        check=False,
+    ).returncode
+    if status != 0:
+        sys.exit(status)
+
+
+def post_worker_init(worker: Worker) -> None:
+    # Why this hook: the design card names post_fork, but gunicorn calls
+    # post_fork before the gevent worker monkey-patches, re-initialises the
+    # hub and loads the app; code imported there keeps unpatched locks and
+    # sockets (SPEC 3a). post_worker_init runs in the worker after all three,
+    # just before it serves, so the pool's greenlets, the store's threadpool
+    # and every socket a job opens are gevent's. It also refuses a database
+    # behind the migrations (the worker exits with gunicorn's boot-error
+    # status, which stops the master).
+    from mealquest.serving import start_worker
+
+    start_worker(worker)
+
+
+def worker_int(worker: Worker) -> None:
+    # Why this hook: it runs in the worker on SIGINT/SIGQUIT (quick shutdown),
+    # just before it exits: running jobs are stopped and recorded at once
+    # rather than left to their leases.
+    from mealquest.serving import interrupt_worker
+
+    interrupt_worker(worker)
+
+
+def worker_exit(server: Arbiter, worker: Worker) -> None:
+    # Why this hook: it runs in the worker on every Python-level exit (SIGTERM,
+    # SIGHUP's replacement, max_requests, quick shutdown, a dead master), never
+    # on SIGKILL (leases and the rescuer cover that). The pool's drain begins
+    # as soon as the worker stops serving; this waits for it, within the
+    # graceful timeout, so jobs it had to stop are recorded (re-queued, or
+    # failed "interrupted by restart") before the process ends. gunicorn also
+    # calls this hook in the master for a worker that vanished: nothing to do
+    # there.
+    if worker.pid != os.getpid():
+        return
+    from mealquest.serving import stop_worker
+
+    stop_worker(worker)
