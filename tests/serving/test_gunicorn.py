@@ -1,0 +1,220 @@
+"""The service under real gunicorn with gevent workers and the real gunicorn.conf.py.
+
+Jobs are enqueued over HTTP (the test app's /api/v1/test-jobs) and their
+outcome read from the database file. Every wait is on a condition with a
+deadline; no test asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.support.servers import (
+    APP,
+    BIN,
+    LEASE_SECONDS,
+    POLL_SECONDS,
+    RESCUE_SECONDS,
+    HeldServer,
+    Process,
+    enqueue,
+    final_jobs,
+    http,
+    job,
+    partial_pid,
+    serving_env,
+    wait_until,
+)
+from tests.support.serving_app import WORKER_PID_HEADER
+
+# Time for gunicorn to notice a dead worker and boot a new one (imports the app).
+RESPAWN_SECONDS = 15.0
+
+
+def runs_by_job(log: Path, event: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            name, job_id, *_ = line.split()
+            if name == event:
+                counts[job_id] = counts.get(job_id, 0) + 1
+    return counts
+
+
+def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn):
+    server = start_gunicorn(workers=2)
+    workers = set(server.worker_pids())
+    ids: list[str] = []
+
+    def pids_that_ran_jobs() -> set[int]:
+        ids.extend(enqueue(server.url, served.token, "pid", {}) for _ in range(4))
+        rows = final_jobs(served.db_path, ids) or {}
+        return {json.loads(row["result"])["pid"] for row in rows.values()}
+
+    wait_until(
+        lambda: pids_that_ran_jobs() == workers, 30, "jobs did not run in both gunicorn workers"
+    )
+    rows = wait_until(lambda: final_jobs(served.db_path, ids), 10, "jobs did not finish")
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+
+
+def test_the_pool_runs_monkey_patched_socket_io_does_not_block_requests(served, start_gunicorn):
+    """A job blocked in a stdlib `recv` (the server answers only when the test
+    says so) must leave its worker's hub free: a GET answered by that same
+    worker while the read is pending proves the pool's sockets are gevent's.
+    Unpatched, that worker could not accept at all and every GET would land on
+    the other one until the deadline."""
+    server = start_gunicorn(workers=2)
+    with HeldServer() as slow:
+        job_id = enqueue(server.url, served.token, "socket_io", {"port": slow.port})
+        wait_until(slow.connected.is_set, 10, "the job did not connect to the slow server")
+        runner = wait_until(
+            lambda: partial_pid(served.db_path, job_id), 10, "the job did not publish its pid"
+        )
+        answered_by: list[int] = []
+
+        def get_answered_by_the_job_process() -> bool:
+            answer = http("GET", f"{server.url}/api/v1/jobs/{job_id}", token=served.token)
+            assert answer.status == 200
+            assert answer.json["status"] == "running"  # its recv is still pending
+            answered_by.append(int(answer.headers[WORKER_PID_HEADER]))
+            return answered_by[-1] == runner
+
+        wait_until(
+            get_answered_by_the_job_process,
+            20,
+            f"no GET was answered by worker {runner} while its job's socket read was "
+            f"pending (answered by {sorted(set(answered_by))}): the pool is not patched",
+        )
+        assert not slow.release.is_set()
+        slow.release.set()
+        row = wait_until(
+            lambda: final_jobs(served.db_path, [job_id]), 10, "the socket job did not finish"
+        )[job_id]
+    assert row["status"] == "succeeded"
+    assert json.loads(row["result"]) == {"pid": runner, "received": len(slow.reply)}
+
+
+def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(served, start_gunicorn):
+    server = start_gunicorn(workers=2)
+    victim = enqueue(server.url, served.token, "pid_sleep", {"seconds": 60})
+    others = [
+        enqueue(server.url, served.token, "pid_sleep_retried", {"seconds": 0.5}) for _ in range(6)
+    ]
+    killed = wait_until(lambda: partial_pid(served.db_path, victim), 10, "victim not running")
+    before = set(server.worker_pids())
+    os.kill(killed, signal.SIGKILL)
+
+    wait_until(
+        lambda: len(server.worker_pids()) == 2 and killed not in server.worker_pids(),
+        RESPAWN_SECONDS,
+        "gunicorn did not respawn the killed worker",
+    )
+    assert len(set(server.worker_pids()) - before) == 1
+    # The lease expires, then some pool's rescuer (every RESCUE_SECONDS) takes it back.
+    row = wait_until(
+        lambda: final_jobs(served.db_path, [victim]),
+        LEASE_SECONDS + RESCUE_SECONDS + POLL_SECONDS + 3,
+        "the killed worker's job was not rescued",
+    )[victim]
+    assert (row["status"], row["error"]) == ("failed", "interrupted by restart")
+    rows = wait_until(lambda: final_jobs(served.db_path, others), 20, "other jobs did not finish")
+    assert {row["status"] for row in rows.values()} == {"succeeded"}
+
+
+def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn):
+    server = start_gunicorn(workers=2, graceful_timeout=4)
+    short = enqueue(server.url, served.token, "pid_sleep", {"seconds": 1.5})
+    long = enqueue(server.url, served.token, "pid_sleep", {"seconds": 60})
+    long_retried = enqueue(server.url, served.token, "pid_sleep_retried", {"seconds": 60})
+    for job_id in (short, long, long_retried):
+        wait_until(lambda j=job_id: partial_pid(served.db_path, j), 10, "jobs not running")
+
+    server.signal(signal.SIGTERM)
+    assert server.wait(timeout=server.graceful_timeout + 5) == 0, server.log()
+
+    assert job(served.db_path, short)["status"] == "succeeded"  # finished within the grace
+    assert (job(served.db_path, long)["status"], job(served.db_path, long)["error"]) == (
+        "failed",
+        "interrupted by restart",
+    )
+    requeued = job(served.db_path, long_retried)
+    assert (requeued["status"], requeued["attempt"], requeued["lease_owner"]) == (
+        "queued",
+        1,
+        None,
+    )
+    assert "worker exit:" in server.log()
+
+
+def test_recycling_and_sighup_fail_no_job_and_run_none_twice(served, start_gunicorn, tmp_path):
+    """Jobs outlive the lease (3 s > 2 s), so a draining worker must keep
+    renewing it and new workers' rescues must leave live jobs alone."""
+    server = start_gunicorn(
+        workers=2,
+        graceful_timeout=8,
+        extra_args=("--timeout", "20", "--max-requests", "4", "--max-requests-jitter", "0"),
+    )
+    log = tmp_path / "runs.log"
+    first_workers = set(server.worker_pids())
+    payload = {"seconds": 3.0, "log": str(log)}
+    ids = [enqueue(server.url, served.token, "pid_sleep", payload) for _ in range(6)]
+    wait_until(lambda: len(runs_by_job(log, "start")) >= 4, 10, "jobs did not start")
+    server.signal(signal.SIGHUP)
+    ids += [enqueue(server.url, served.token, "pid_sleep", payload) for _ in range(6)]
+
+    rows = wait_until(lambda: final_jobs(served.db_path, ids), 60, "jobs did not finish")
+    assert {job_id: row["status"] for job_id, row in rows.items()} == dict.fromkeys(
+        ids, "succeeded"
+    )
+    assert runs_by_job(log, "start") == dict.fromkeys(ids, 1)  # none ran twice
+    assert {row["attempt"] for row in rows.values()} == {1}
+    # Both mechanisms really replaced workers while jobs ran.
+    assert "Autorestarting worker" in server.log()
+    assert "Hang up" in server.log()
+    assert not first_workers & set(server.worker_pids())
+
+
+def test_web_only_workers_leave_jobs_to_flask_jobs_work(
+    served, start_gunicorn, processes, tmp_path
+):
+    server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False})
+    job_id = enqueue(server.url, served.token, "pid", {})
+    env = serving_env(served.db_path)
+    env["FLASK_APP"] = "tests.support.serving_app"
+    worker = Process([str(BIN / "flask"), "jobs", "work"], env, tmp_path / "work.log")
+    processes.append(worker)
+
+    row = wait_until(
+        lambda: final_jobs(served.db_path, [job_id]), 30, "flask jobs work did not run the job"
+    )[job_id]
+    assert row["status"] == "succeeded"
+    assert json.loads(row["result"])["pid"] == worker.pid
+    assert "job pool started" not in server.log()
+
+
+def test_gunicorn_refuses_an_unmigrated_database_with_one_clear_first_line(tmp_path):
+    from mealquest import migrations
+
+    behind = str(tmp_path / "behind.sqlite3")
+    migrations.upgrade(behind, target=2)
+    for path in (behind, str(tmp_path / "missing.sqlite3")):
+        result = subprocess.run(
+            [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", APP],
+            cwd=Path(__file__).resolve().parents[2],
+            env=serving_env(path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        output = (result.stderr + result.stdout).strip()
+        assert result.returncode != 0, output
+        first = output.splitlines()[0]
+        assert first.startswith("mealquest: refusing to start: the database"), output
+        assert "flask db upgrade" in first
+        assert "Listening at" not in output

@@ -1,0 +1,381 @@
+"""Real server processes for the serving tests: gunicorn, nginx, `flask jobs work`.
+
+Each process is started in its own session (so its children share its
+process group) on a free loopback port, and stopped by pid: SIGTERM to the
+leader, then SIGKILL to the group, so no worker outlives a test. The test
+process itself is not monkey-patched: waiting here blocks only the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+APP = "tests.support.serving_app:app"
+
+# Short runner times so that rescues happen within seconds.
+LEASE_SECONDS = 2.0
+HEARTBEAT_SECONDS = 0.4
+RESCUE_SECONDS = 0.3
+POLL_SECONDS = 0.2
+
+FINAL = ("succeeded", "failed")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float, message: str, interval: float = 0.05
+) -> Any:
+    """Poll `condition` until it returns something truthy; fail with `message` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} (within {timeout}s)")
+        time.sleep(interval)
+
+
+# -- HTTP -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    json_body: Any = None,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Answer:
+    """One request on a new connection (so it may land on any gunicorn worker)."""
+    match = re.fullmatch(r"http://([^/:]+):(\d+)(/.*)", url)
+    assert match, url
+    all_headers = dict(headers or {})
+    if token:
+        all_headers["Authorization"] = f"Bearer {token}"
+    if json_body is not None:
+        body = json.dumps(json_body).encode()
+        all_headers["Content-Type"] = "application/json"
+    conn = HTTPConnection(match[1], int(match[2]), timeout=timeout)
+    try:
+        conn.request(method, match[3], body=body, headers=all_headers)
+        response = conn.getresponse()
+        return Answer(response.status, dict(response.getheaders()), response.read())
+    finally:
+        conn.close()
+
+
+def enqueue(base_url: str, token: str, kind: str, payload: Mapping[str, Any]) -> str:
+    answer = http(
+        "POST",
+        f"{base_url}/api/v1/test-jobs",
+        token=token,
+        json_body={"kind": kind, "payload": dict(payload)},
+    )
+    assert answer.status == 202, answer
+    return answer.json["id"]
+
+
+# -- the database, read directly ------------------------------------------------------
+
+
+def jobs_by_id(db_path: str) -> dict[str, sqlite3.Row]:
+    conn = sqlite3.connect(db_path, timeout=5)
+    conn.row_factory = sqlite3.Row
+    try:
+        return {row["id"]: row for row in conn.execute("SELECT * FROM jobs")}
+    finally:
+        conn.close()
+
+
+def job(db_path: str, job_id: str) -> sqlite3.Row:
+    return jobs_by_id(db_path)[job_id]
+
+
+def partial_pid(db_path: str, job_id: str) -> int | None:
+    """The pid a running job published (the serving kinds publish it first)."""
+    row = job(db_path, job_id)
+    if row["status"] != "running" or row["result"] is None:
+        return None
+    return json.loads(row["result"])["pid"]
+
+
+def final_jobs(db_path: str, job_ids: list[str]) -> dict[str, sqlite3.Row] | None:
+    rows = jobs_by_id(db_path)
+    if all(rows[job_id]["status"] in FINAL for job_id in job_ids):
+        return {job_id: rows[job_id] for job_id in job_ids}
+    return None
+
+
+# -- processes ----------------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+class Process:
+    """A process started in its own session, its output in a file."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.popen = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pid = self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the leader and wait; then SIGKILL whatever is left of its group."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+        self._log.close()
+
+
+def serving_env(db_path: str, **config: Any) -> dict[str, str]:
+    """The environment of a served process: ours, without any MEALQUEST_/GUNICORN_ of the caller."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEALQUEST_", "GUNICORN_"))}
+    env.update(
+        {
+            "MEALQUEST_DATABASE": db_path,
+            "MEALQUEST_JOB_LEASE_SECONDS": str(LEASE_SECONDS),
+            "MEALQUEST_JOB_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+            "MEALQUEST_JOB_RESCUE_SECONDS": str(RESCUE_SECONDS),
+            "MEALQUEST_JOB_POLL_SECONDS": str(POLL_SECONDS),
+            "MEALQUEST_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update({f"MEALQUEST_{key}": json.dumps(value) for key, value in config.items()})
+    return env
+
+
+class Gunicorn(Process):
+    """gunicorn with the real gunicorn.conf.py serving the test app."""
+
+    def __init__(
+        self,
+        log_path: Path,
+        env: Mapping[str, str],
+        *,
+        workers: int = 2,
+        graceful_timeout: float = 4,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workers = workers
+        self.graceful_timeout = graceful_timeout
+        args = [
+            str(BIN / "gunicorn"),
+            "-c",
+            "gunicorn.conf.py",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--graceful-timeout",
+            str(graceful_timeout),
+            *extra_args,
+            APP,
+        ]
+        super().__init__(args, env, log_path)
+
+    def worker_pids(self) -> list[int]:
+        return children(self.pid)
+
+    def wait_ready(self, pools: bool = True, timeout: float = 30.0) -> None:
+        """Until every worker has booted (and started its pool) and HTTP answers."""
+
+        def ready() -> bool:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"gunicorn exited early:\n{self.log()}")
+            if len(self.worker_pids()) != self.workers:
+                return False
+            marker = "job pool started" if pools else "job pool not started"
+            if self.log().count(marker) < self.workers:
+                return False
+            with contextlib.suppress(OSError):
+                return http("GET", f"{self.url}/healthz", timeout=2).status == 200
+            return False
+
+        wait_until(ready, timeout, "gunicorn did not become ready")
+
+    def stop(self, grace: float | None = None) -> None:
+        super().stop(self.graceful_timeout + 5 if grace is None else grace)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
+    )
+
+
+class Nginx(Process):
+    """nginx in the foreground, single process, with deploy/nginx.conf's server
+    block (pointed at `upstream_port`) inside a minimal main config of its own."""
+
+    def __init__(self, workdir: Path, upstream_port: int) -> None:
+        binary = nginx_binary()
+        if binary is None:
+            raise AssertionError(
+                "nginx is not installed: `scripts/test` installs it from Debian's packages "
+                "(apt-get install nginx-light); the nginx serving test needs it"
+            )
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        site = site_config(self.port, upstream_port, workdir / "access.log")
+        (workdir / "site.conf").write_text(site)
+        temp = "\n".join(
+            f"    {name}_temp_path {workdir / name};"
+            for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        (workdir / "nginx.conf").write_text(
+            f"daemon off;\nmaster_process off;\npid {workdir / 'nginx.pid'};\n"
+            f"error_log {workdir / 'error.log'} info;\n"
+            "events { worker_connections 256; }\n"
+            f"http {{\n{temp}\n    include {workdir / 'site.conf'};\n}}\n"
+        )
+        args = [
+            binary,
+            "-p",
+            str(workdir),
+            "-c",
+            str(workdir / "nginx.conf"),
+            "-e",
+            str(workdir / "error.log"),
+        ]
+        super().__init__(args, os.environ, workdir / "stdout.log")
+        self.workdir = workdir
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        def listening() -> bool:
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"nginx exited early:\n{self.log()}\n{(self.workdir / 'error.log').read_text()}"
+                )
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_until(listening, timeout, "nginx did not start listening")
+
+
+def site_config(port: int, upstream_port: int, access_log: Path) -> str:
+    """deploy/nginx.conf with its listen port, upstream and log path replaced."""
+    text = (REPO / "deploy" / "nginx.conf").read_text()
+    replacements = [
+        (r"listen 80;", f"listen 127.0.0.1:{port};"),
+        (r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};"),
+        (r"access_log \S+ mealquest;", f"access_log {access_log} mealquest;"),
+    ]
+    for pattern, replacement in replacements:
+        text, count = re.subn(pattern, replacement, text)
+        assert count == 1, f"deploy/nginx.conf: expected one `{pattern}`"
+    return text
+
+
+# -- a server that holds a connection until told -------------------------------------
+
+
+class HeldServer:
+    """Accepts one connection and answers it only when `release` is set, so a
+    job's socket read stays pending for as long as the test needs."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(1)
+        self.port = self._sock.getsockname()[1]
+        self.connected = threading.Event()
+        self.release = threading.Event()
+        self.reply = b"x" * 1000
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self._sock.accept()
+            with conn:
+                conn.recv(100)
+                self.connected.set()
+                self.release.wait(60)
+                conn.sendall(self.reply)
+
+    def __enter__(self) -> HeldServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self._sock.close()
+        self._thread.join(5)
+
+
+@contextlib.contextmanager
+def started(process: Process) -> Iterator[Process]:
+    try:
+        yield process
+    finally:
+        process.stop()

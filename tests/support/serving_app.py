@@ -1,0 +1,190 @@
+"""The WSGI app the serving tests run under real gunicorn (`tests.support.serving_app:app`).
+
+It is the real app from `create_app()` (configured by `MEALQUEST_*` in the
+environment, as in production) plus what the tests need to drive it over
+HTTP: the test job kinds, a few kinds that report which process ran them or
+kill it at a chosen state change, a test-only route that enqueues any test
+kind for the authenticated household, and an `X-Worker-Pid` header.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+import gevent
+from flask import Blueprint, Response, request
+from marshmallow import Schema, fields, validate
+
+from mealquest import create_app
+from mealquest.auth import current_household, token_auth
+from mealquest.extensions import get_jobs
+from mealquest.jobs.registry import KindOptions, Registry
+from mealquest.jobs.runner import JobContext
+from mealquest.jobs.schemas import JobSchema
+from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
+
+WORKER_PID_HEADER = "X-Worker-Pid"
+CRASH_POINTS = ("never", "claimed", "published", "returning", "finished")
+
+
+class PidSchema(Schema):
+    pid = fields.Integer(required=True, strict=True)
+    received = fields.Integer(load_default=None)
+
+
+class PidSleepSchema(Schema):
+    seconds = fields.Float(required=True)
+    log = fields.String(load_default=None)
+
+
+class SocketIOSchema(Schema):
+    port = fields.Integer(required=True, strict=True)
+
+
+class CrashSchema(Schema):
+    at = fields.String(required=True, validate=validate.OneOf(CRASH_POINTS))
+    log = fields.String(required=True)
+    tag = fields.String(load_default="")
+
+
+def _log_run(path: str | None, *words: object) -> None:
+    """One line per event in a file shared by processes (O_APPEND lines are atomic)."""
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (" ".join(str(w) for w in words) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _kill_this_process() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def pid(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return {"pid": os.getpid()}
+
+
+def pid_sleep(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Publishes which process runs it, then sleeps (cooperatively) and reports."""
+    ctx.publish({"pid": os.getpid()})
+    _log_run(payload["log"], "start", ctx.job_id, ctx.attempt, os.getpid())
+    gevent.sleep(payload["seconds"])
+    _log_run(payload["log"], "end", ctx.job_id, ctx.attempt, os.getpid())
+    return {"pid": os.getpid()}
+
+
+def socket_io(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Blocking stdlib socket calls against a slow server: cooperative only if
+    the worker monkey-patched `socket` before this module was imported."""
+    ctx.publish({"pid": os.getpid()})
+    with socket.create_connection(("127.0.0.1", payload["port"]), timeout=30) as conn:
+        conn.sendall(b"hello\n")
+        received = 0
+        while chunk := conn.recv(4096):
+            received += len(chunk)
+    return {"pid": os.getpid(), "received": received}
+
+
+def crash(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """On its first attempt, SIGKILLs its own process at the state change named
+    by `at`; later attempts run to the end."""
+    at, log = payload["at"], payload["log"]
+    first = ctx.attempt == 1
+    _log_run(log, "run", ctx.job_id, ctx.attempt, os.getpid())
+    if first and at == "claimed":
+        _kill_this_process()
+    ctx.publish({"pid": os.getpid()})
+    if first and at == "published":
+        _kill_this_process()
+    _log_run(log, "done", ctx.job_id, ctx.attempt, os.getpid())
+    if first and at == "returning":
+        _kill_this_process()
+    if first and at == "finished":
+        _kill_after_success.add(ctx.job_id)
+    return {"pid": os.getpid()}
+
+
+# Jobs whose process must die right after their success is recorded.
+_kill_after_success: set[str] = set()
+
+
+class _KillAfterFinish(logging.Handler):
+    """SIGKILLs the process right after the runner recorded a `crash` job with
+    `at=finished` as succeeded: the runner logs "job succeeded" just after
+    that write commits, so this is the moment between the final write and
+    anything else the worker would do."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() != "job succeeded" or getattr(record, "kind", None) != "crash":
+            return
+        if getattr(record, "job_id", None) in _kill_after_success:
+            _kill_this_process()
+
+
+def register_serving_kinds(registry: Registry) -> None:
+    registry.register("pid", pid, payload=EmptySchema, result=PidSchema)
+    registry.register("pid_sleep", pid_sleep, payload=PidSleepSchema, result=PidSchema)
+    registry.register(
+        "pid_sleep_retried",
+        pid_sleep,
+        payload=PidSleepSchema,
+        result=PidSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register("socket_io", socket_io, payload=SocketIOSchema, result=PidSchema)
+    # Enough attempts for a job killed once by its own crash and once more as
+    # a bystander of another job's crash in the same process.
+    registry.register(
+        "crash",
+        crash,
+        payload=CrashSchema,
+        result=PidSchema,
+        options=KindOptions(max_attempts=5, backoff=FAST_RETRY),
+    )
+
+
+class EnqueueSchema(Schema):
+    kind = fields.String(required=True)
+    payload = fields.Dict(required=True)
+    crash_after_enqueue = fields.Boolean(load_default=False)
+
+
+bp = Blueprint("serving_tests", __name__, url_prefix="/api/v1/test-jobs")
+_enqueue_schema = EnqueueSchema()
+_job_schema = JobSchema()
+
+
+@bp.before_request
+@token_auth.login_required
+def _require_token() -> None:
+    """Returns None to let an authenticated request through."""
+
+
+@bp.post("")
+def enqueue() -> tuple[dict[str, Any], int, dict[str, str]]:
+    body = _enqueue_schema.load(request.get_json())
+    jobs = get_jobs()
+    job_id = jobs.enqueue(body["kind"], body["payload"], household_id=current_household().id)
+    if body["crash_after_enqueue"]:
+        _kill_this_process()  # the job is committed; the answer never leaves
+    job = jobs.get(job_id)
+    return _job_schema.dump(job), 202, {"Location": f"/api/v1/jobs/{job_id}"}
+
+
+def _worker_pid(response: Response) -> Response:
+    response.headers[WORKER_PID_HEADER] = str(os.getpid())
+    return response
+
+
+app = create_app()
+register_test_kinds(get_jobs(app).registry)
+register_serving_kinds(get_jobs(app).registry)
+app.register_blueprint(bp)
+app.after_request(_worker_pid)
+logging.getLogger("mealquest.jobs.runner").addHandler(_KillAfterFinish())
