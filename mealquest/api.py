@@ -10,6 +10,7 @@ from flask import Blueprint
 
 from mealquest.auth import token_auth
 from mealquest.jobs.api import bp as jobs_bp
+from mealquest.openapi import bp as openapi_bp
 from mealquest.recipes.api import imports_bp as recipe_imports_bp
 from mealquest.recipes.api import recipes_bp
 
@@ -22,6 +23,7 @@ def _require_token() -> None:
     """Returns None to let an authenticated request through."""
 
 
+bp.register_blueprint(openapi_bp)
 bp.register_blueprint(jobs_bp)
 bp.register_blueprint(recipe_imports_bp)
 bp.register_blueprint(recipes_bp)

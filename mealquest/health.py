@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response
+from marshmallow import Schema, fields
 
 from mealquest import migrations
 from mealquest.errors import error_response
 from mealquest.extensions import get_store
+from mealquest.openapi import operation
 from mealquest.store import StoreError, Transaction
 
 logger = logging.getLogger(__name__)
 
 bp = Blueprint("health", __name__)
+
+
+class HealthSchema(Schema):
+    status = fields.Constant("ok", required=True)
+
+
+_health_schema = HealthSchema()
 
 
 def _probe_write(tx: Transaction) -> None:
@@ -24,11 +34,13 @@ def _probe_write(tx: Transaction) -> None:
 
 
 @bp.get("/healthz")
-def healthz() -> tuple[Response, int] | Response:
+@operation(response=_health_schema, errors=(503,), authenticated=False)
+def healthz() -> tuple[Response, int] | dict[str, Any]:
+    """Whether this process can use the database now (no token needed)."""
     try:
         get_store().write(_probe_write)
         get_store().read(migrations.require_current_of, migrations.discover())
     except (StoreError, sqlite3.Error, migrations.MigrationError) as error:
         logger.warning("health check failed: %s", type(error).__name__)
         return error_response(503, "unavailable", "the database is not available")
-    return jsonify(status="ok")
+    return _health_schema.dump({})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from flask import Blueprint, request
@@ -10,23 +9,26 @@ from flask import Blueprint, request
 from mealquest.auth import current_household
 from mealquest.errors import not_found
 from mealquest.extensions import get_jobs
-from mealquest.jobs.schemas import JobListQuerySchema, JobListSchema, JobSchema
+from mealquest.jobs.schemas import JobListQuerySchema, JobListSchema, JobPathSchema, JobSchema
+from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
 
 bp = Blueprint("jobs", __name__, url_prefix="/jobs")
 
-_JOB_ID = re.compile(r"^[0-9a-f]{32}$")
+_path_schema = JobPathSchema()
 _job_schema = JobSchema()
 _list_schema = JobListSchema()
 _query_schema = JobListQuerySchema()
 
 
 @bp.get("/<job_id>")
+@operation(path=_path_schema, response=_job_schema)
 def get_job(job_id: str) -> dict[str, Any]:
+    """One of the household's jobs."""
     # A malformed id, an unknown id and another household's job all answer
     # the same 404, so ids cannot be probed across households.
     job = None
-    if _JOB_ID.match(job_id):
+    if not _path_schema.validate({"job_id": job_id}):
         job = get_jobs().get(job_id, household_id=current_household().id)
     if job is None:
         raise not_found("job not found")
@@ -34,7 +36,9 @@ def get_job(job_id: str) -> dict[str, Any]:
 
 
 @bp.get("")
+@operation(query=_query_schema, response=_list_schema)
 def list_jobs() -> dict[str, Any]:
+    """The household's jobs, newest first, a page at a time."""
     query = _query_schema.load(request.args)
     limit = query["limit"]
     before = decode_cursor(query["cursor"]) if query["cursor"] else None

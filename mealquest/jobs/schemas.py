@@ -7,9 +7,25 @@ from marshmallow import Schema, fields, validate
 from mealquest.jobs.model import Status
 from mealquest.pagination import PageQuerySchema
 
+JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+
+class JobPathSchema(Schema):
+    """The job id in a path: anything else is the same 404 as an unknown job."""
+
+    job_id = fields.String(
+        required=True,
+        validate=validate.Regexp(JOB_ID_PATTERN),
+        metadata={"description": "the job's id (32 lowercase hex digits)"},
+    )
+
 
 class JobSchema(Schema):
-    id = fields.String(required=True, metadata={"description": "the job's id"})
+    id = fields.String(
+        required=True,
+        validate=validate.Regexp(JOB_ID_PATTERN),
+        metadata={"description": "the job's id"},
+    )
     kind = fields.String(required=True, metadata={"example": "recipe_import"})
     status = fields.Enum(Status, by_value=True, required=True)
     result = fields.Raw(
