@@ -11,15 +11,23 @@ from mealquest.auth import current_household
 from mealquest.errors import not_found
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.schemas import JobSchema
+from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
 from mealquest.recipes import queries
 from mealquest.recipes.kind import KIND
-from mealquest.recipes.schemas import RecipeImportSchema, RecipeListSchema, RecipeSchema
+from mealquest.recipes.schemas import (
+    RECIPE_ID_PATTERN,
+    RecipeImportSchema,
+    RecipeListSchema,
+    RecipePathSchema,
+    RecipeSchema,
+)
 
 imports_bp = Blueprint("recipe_imports", __name__, url_prefix="/recipe-imports")
 recipes_bp = Blueprint("recipes", __name__, url_prefix="/recipes")
 
-_RECIPE_ID = re.compile(r"^[0-9a-f]{32}$")
+_RECIPE_ID = re.compile(RECIPE_ID_PATTERN)
+_path_schema = RecipePathSchema()
 _import_schema = RecipeImportSchema()
 _job_schema = JobSchema()
 _recipe_schema = RecipeSchema()
@@ -28,6 +36,13 @@ _query_schema = PageQuerySchema()
 
 
 @imports_bp.post("")
+@operation(
+    body=_import_schema,
+    response=_job_schema,
+    status=202,
+    summary="Start importing a recipe from a web page; poll the job it answers.",
+    response_headers={"Location": {"description": "the job's URL", "schema": {"type": "string"}}},
+)
 def create_import() -> tuple[dict[str, Any], int, dict[str, str]]:
     # get_json: a body that is not JSON is Flask's 415 (wrong type) or 400
     # (malformed); an oversized one is 413. Validation happens before any write.
@@ -40,6 +55,7 @@ def create_import() -> tuple[dict[str, Any], int, dict[str, str]]:
 
 
 @recipes_bp.get("/<recipe_id>")
+@operation(path=_path_schema, response=_recipe_schema, summary="One of the household's recipes.")
 def get_recipe(recipe_id: str) -> dict[str, Any]:
     # Malformed, unknown and another household's ids answer the same 404.
     recipe = None
@@ -51,6 +67,9 @@ def get_recipe(recipe_id: str) -> dict[str, Any]:
 
 
 @recipes_bp.get("")
+@operation(
+    query=_query_schema, response=_list_schema, summary="The household's recipes, newest first."
+)
 def list_recipes() -> dict[str, Any]:
     query = _query_schema.load(request.args)
     limit = query["limit"]

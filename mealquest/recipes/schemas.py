@@ -8,6 +8,32 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 MAX_URL_LENGTH = 2048
 
+# A pattern for the URLs `validate_web_url` accepts, which the OpenAPI document
+# publishes: http(s); a host name, an IPv4 address or a bracketed IPv6 address;
+# an optional port (0 to 65535); then anything but spaces and control
+# characters. Every string it admits passes `validate_web_url`, so the document
+# promises nothing the server refuses. (No user info, no IPv6 zone ids.)
+_H16 = "[0-9A-Fa-f]{1,4}"
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LS32 = rf"(?:{_H16}:{_H16}|{_OCTET}(?:\.{_OCTET}){{3}})"
+
+
+def _ipv6_pattern() -> str:
+    """RFC 3986's IPv6address: eight groups, or fewer around one `::`."""
+    after = [rf"(?:{_H16}:){{{n}}}{_LS32}" for n in (5, 4, 3, 2, 1)] + [_LS32, _H16, ""]
+    forms = [rf"(?:{_H16}:){{6}}{_LS32}"]
+    for before, tail in enumerate(after):
+        head = rf"(?:(?:{_H16}:){{0,{before - 1}}}{_H16})?" if before else ""
+        forms.append(f"{head}::{tail}")
+    return "(?:" + "|".join(forms) + ")"
+
+
+_PORT = "(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+_HOST = rf"(?:[A-Za-z0-9.-]+|\[{_ipv6_pattern()}\])"
+WEB_URL_PATTERN = (
+    rf"^[Hh][Tt][Tt][Pp][Ss]?://{_HOST}(?::{_PORT})?(?:[/?#][^\u0000-\u0020\u007f]*)?$"
+)
+
 
 def validate_web_url(value: str) -> None:
     """An absolute http(s) URL with a host. Where it points is checked when it
@@ -30,7 +56,11 @@ class RecipeImportSchema(Schema):
 
     url = fields.String(
         required=True,
-        validate=[validate.Length(1, MAX_URL_LENGTH), validate_web_url],
+        validate=[
+            validate.Length(1, MAX_URL_LENGTH),
+            validate.Regexp(WEB_URL_PATTERN, error="must be an http or https URL with a host"),
+            validate_web_url,
+        ],
         metadata={"description": "the page to import (http or https)"},
     )
 
@@ -39,6 +69,15 @@ class ImportStageSchema(Schema):
     """A `recipe_import` job's partial result."""
 
     stage = fields.String(required=True, validate=validate.OneOf(["fetching", "parsing"]))
+
+
+RECIPE_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+
+class RecipePathSchema(Schema):
+    """A recipe id in a path (documentation: anything else is the same 404 as an unknown one)."""
+
+    recipe_id = fields.String(required=True, validate=validate.Regexp(RECIPE_ID_PATTERN))
 
 
 class RecipeSchema(Schema):
