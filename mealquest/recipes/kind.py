@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import gevent
 
@@ -62,11 +63,17 @@ def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy)
         queries.upsert_for_job,
         household_id=ctx.household_id,
         job_id=ctx.job_id,
-        source_url=url,
+        source_url=public_source_url(url),
         parsed=parsed,
         now=to_text(utc_now()),
     )
     return {"recipe_id": recipe.id, "recipe": _recipe_schema.dump(recipe)}
+
+
+def public_source_url(url: str) -> str:
+    """The page's address as the API shows it: without query or fragment, which
+    may carry a token (an API answer never echoes a URL's query)."""
+    return urlsplit(url)._replace(query="", fragment="").geturl()
 
 
 def _parse(page: Page, ctx: JobContext) -> ParsedRecipe:
