@@ -1,0 +1,48 @@
+"""The benchmark suite in its quick form, so it cannot rot.
+
+It asserts that the suite ran and produced every figure as a number, never
+how fast anything was: durations on a shared machine are noise, and the
+figures that matter are ratios read from a full run (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import FIGURES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_the_quick_benchmark_produces_every_figure(tmp_path):
+    results_path = tmp_path / "bench.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(results_path)],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    results = json.loads(results_path.read_text())
+    assert results["mode"] == "quick"
+    assert [row["figure"] for row in results["figures"]] == list(FIGURES)
+    for row in results["figures"]:
+        assert isinstance(row["value"], int | float), row
+        assert math.isfinite(row["value"]), row
+        if row["baseline"] is not None:
+            assert isinstance(row["baseline"], int | float), row
+            assert row["baseline"] > 0, row
+        assert row["met"] in (True, False, None), row
+    # The printed table carries every figure too.
+    for name in FIGURES:
+        assert f"| {name} |" in completed.stdout
