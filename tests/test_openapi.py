@@ -136,3 +136,11 @@ def test_every_url_the_document_admits_is_accepted(url):
 @pytest.mark.parametrize("cursor", ["0", "1", "7fffffffffffffff", "00000000000000ff"])
 def test_cursor_bounds(cursor):
     assert decode_cursor(cursor) == int(cursor, 16)
+
+
+@pytest.mark.parametrize("cursor", ["8000000000000000", "1" * 17, "-1", "A", "0x1", "1\n"])
+def test_cursors_outside_the_pattern_are_400_never_500(client, auth, cursor):
+    # Before cursors had a pattern, a decodable cursor past SQLite's integers was a 500.
+    answer = client.get("/api/v1/jobs", headers=auth, query_string={"cursor": cursor})
+    assert answer.status_code == 400
+    assert "cursor" in answer.json["error"]["fields"]
