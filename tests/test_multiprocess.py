@@ -28,6 +28,14 @@ def ready(process) -> bool:
     return "job pool started" in process.output()
 
 
+def test_flask_jobs_work_runs_its_pool_monkey_patched(db_path, processes):
+    worker = flask_jobs_work(db_path, **FAST)
+    processes.append(worker)
+    wait_for(lambda: ready(worker))
+    assert "(monkey-patched)" in worker.output()
+    assert worker.stop() == 0
+
+
 def status_counts(store) -> dict[str, int]:
     rows = store.read(
         lambda conn: conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 
 import click
 import gevent
 from flask import current_app
 from flask.cli import AppGroup
+from gevent import monkey
 
 from mealquest import migrations
 from mealquest.extensions import get_jobs
@@ -53,9 +56,37 @@ def jobs_show(job_id: str) -> None:
     click.echo(json.dumps(row, indent=2, sort_keys=True))
 
 
+def _run_from_flask_cli() -> bool:
+    program = os.path.normpath(sys.argv[0]) if sys.argv else ""
+    return os.path.basename(program) == "flask" or program.endswith(
+        os.path.join("flask", "__main__.py")
+    )
+
+
+def _restart_monkey_patched() -> None:
+    """Re-execute this command under `python -m gevent.monkey`.
+
+    Handlers may do blocking standard-library I/O (sockets, DNS, `time.sleep`),
+    which is cooperative only in a monkey-patched process, and patching now,
+    with Flask, ssl and threading already imported, would leave unpatched
+    locks behind (SPEC 3a). gevent's launcher patches before anything is
+    imported, as gunicorn's gevent worker does before it loads the app.
+    """
+    if monkey.is_module_patched("socket") or not _run_from_flask_cli():
+        return
+    if os.environ.get("MEALQUEST_JOBS_WORK_PATCHED"):
+        raise click.ClickException("could not start the pool monkey-patched")
+    os.environ["MEALQUEST_JOBS_WORK_PATCHED"] = "1"
+    launcher = [sys.executable, "-m", "gevent.monkey", "--module", "flask", *sys.argv[1:]]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, launcher)  # noqa: S606 - our own interpreter and arguments
+
+
 @jobs_cli.command("work")
 def jobs_work() -> None:
     """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully."""
+    _restart_monkey_patched()
     service = get_jobs()
     try:
         pool = service.start_pool()
@@ -64,7 +95,10 @@ def jobs_work() -> None:
     stop_requested = gevent.event.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         gevent.signal_handler(signum, stop_requested.set)
-    click.echo(f"working with {service.settings.workers} workers; Ctrl-C stops", err=True)
+    patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"
+    click.echo(
+        f"working with {service.settings.workers} workers ({patched}); Ctrl-C stops", err=True
+    )
     stop_requested.wait()
     click.echo("stopping: waiting for running jobs", err=True)
     report = pool.stop(float(current_app.config["JOB_STOP_TIMEOUT_SECONDS"]))
