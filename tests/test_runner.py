@@ -21,6 +21,7 @@ from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import Pool, PoolSettings
 from tests.conftest import wait_for
 from tests.support.kinds import SECRET, ValueSchema, succeed
+from tests.support.sqlite_lock import LockHolder
 
 
 def final(jobs, job_id: str):
@@ -340,7 +341,7 @@ def test_stop_records_handlers_that_do_not_finish_in_time(jobs, household):
     # Nothing claims after stop.
     jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     gevent.sleep(0.2)
-    assert jobs.list(status=Status.RUNNING) == []
+    assert jobs.list_jobs(status=Status.RUNNING) == []
 
 
 def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_write(
@@ -452,3 +453,57 @@ def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household):
     assert stopping.get().finished == 1
     job = jobs.get(job_id)
     assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
+
+
+def test_a_finished_job_keeps_its_outcome_through_a_lock_longer_than_the_deadline(
+    make_app, db_path, household, mealquest_logs
+):
+    app = make_app(DB_BUSY_TIMEOUT_SECONDS=0.3)
+    jobs = get_jobs(app)
+    job_id = jobs.enqueue("sleep", {"seconds": 0.3}, household_id=household.household_id)
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    holder = LockHolder(db_path)
+    try:
+        holder.hold()
+        wait_for(lambda: any("busy while recording" in r.getMessage() for r in mealquest_logs))
+        holder.release()
+    finally:
+        holder.stop()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.attempt, job.error) == (Status.SUCCEEDED, 1, None)
+
+
+def test_a_handler_whose_lease_this_process_rescued_is_stopped_before_the_next_attempt(
+    jobs, household, tmp_path
+):
+    log = tmp_path / "stops.log"
+    job_id = jobs.enqueue(
+        "sleep_reporting_stop",
+        {"seconds": 60, "log": str(log)},
+        household_id=household.household_id,
+    )
+    pool = jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    # As if this process's heartbeats had not got through: its own rescuer takes the job back.
+    recovered = pool.rescue_once(utc_now() + timedelta(hours=1))
+    assert recovered.requeued == (job_id,)
+    wait_for(lambda: log.exists() and "attempt 1 stopped by LeaseLost" in log.read_text())
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.attempt) == (Status.SUCCEEDED, 2)
+
+
+def test_a_rescued_job_keeps_its_place_in_the_queue(jobs, store, household):
+    rescued = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
+    now = utc_now()
+    store.write(
+        queries.claim, owner="dead", now=to_text(now), lease_expires_at=to_text(now), limit=1
+    )
+    later = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
+    recovered = store.write(queries.rescue_expired, now=to_text(utc_now()))
+    assert recovered.requeued == (rescued,)
+    claimed = store.write(
+        queries.claim, owner="a", now=to_text(utc_now()), lease_expires_at=to_text(now), limit=1
+    )
+    assert [(job.id, job.attempt) for job in claimed] == [(rescued, 2)]
+    assert jobs.get(later).status == Status.QUEUED

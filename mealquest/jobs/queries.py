@@ -143,13 +143,14 @@ class Recovered:
 
 
 def _recover(tx: Transaction, condition: str, params: tuple, now: str) -> Recovered:
-    # Attempts left: back to the queue at once (the worker died, not the job);
-    # none left: failed as interrupted.
+    # Attempts left: back to the queue at once, keeping its run_at so it keeps
+    # its place among the oldest (the worker died, not the job); none left:
+    # failed as interrupted.
     requeued = tx.execute(
         "UPDATE jobs SET status = 'queued', result = NULL, lease_owner = NULL, "
-        "lease_expires_at = NULL, run_at = ?, updated_at = ? "
+        "lease_expires_at = NULL, updated_at = ? "
         f"WHERE status = 'running' AND attempt < max_attempts AND {condition} RETURNING id",
-        (now, now, *params),
+        (now, *params),
     ).fetchall()
     failed = tx.execute(
         "UPDATE jobs SET status = 'failed', error = ?, lease_owner = NULL, "
@@ -215,8 +216,3 @@ def list_jobs(
         f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, limit)
     ).fetchall()
     return [Job.from_row(row) for row in rows]
-
-
-def count_by_status(conn: sqlite3.Connection) -> dict[str, int]:
-    rows = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status").fetchall()
-    return {row["status"]: row["n"] for row in rows}

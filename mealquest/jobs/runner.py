@@ -38,9 +38,13 @@ from mealquest.jobs.model import (
     message_no_handler,
 )
 from mealquest.jobs.registry import Kind, Registry
-from mealquest.store import Store, Transaction
+from mealquest.store import Store, StoreUnavailable, Transaction
 
 logger = logging.getLogger(__name__)
+
+# A final write that met a locked database is tried again after this, doubling.
+_RECORD_RETRY_FIRST_SECONDS = 0.1
+_RECORD_RETRY_MAX_SECONDS = 5.0
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -58,6 +62,15 @@ class PoolSettings:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("a pool needs at least 1 worker")
+        intervals = (
+            self.poll_seconds,
+            self.change_check_seconds,
+            self.lease_seconds,
+            self.heartbeat_seconds,
+            self.rescue_seconds,
+        )
+        if min(intervals) <= 0:
+            raise ValueError("pool intervals and the lease must be positive")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError("heartbeats must come more often than the lease lasts")
 
@@ -142,6 +155,9 @@ def _write_outcomes(tx: Transaction, outcomes: list[_Outcome], now: str) -> list
 
 
 class Pool:
+    """One process's workers. `start` once; `stop` before the process ends, or
+    its running jobs wait for their leases to expire to be rescued."""
+
     def __init__(
         self,
         store: Store,
@@ -168,10 +184,6 @@ class Pool:
         self._services: list[Greenlet] = []
         self._outcomes: list[_Outcome] = []
         self._outcome_waiting = Event()
-
-    @property
-    def running(self) -> bool:
-        return self._started and not self._stop_event.is_set()
 
     def active_jobs(self) -> list[str]:
         return list(self._running)
@@ -263,6 +275,7 @@ class Pool:
             limit=limit,
         )
         for job in jobs:
+            self._stop_stale_handler(job.id)
             entry = _Running(queries.Lease(job.id, self.owner, job.attempt))
             self._running[job.id] = entry
             entry.greenlet = gevent.spawn(self._execute, job, entry)
@@ -341,8 +354,8 @@ class Pool:
         except Exception as error:
             self._unexpected_error(job, kind, lease, extra, error)
         else:
-            self._record(lease, queries.succeed, extra, result=result)
-            logger.info("job succeeded", extra=extra)
+            if self._record(lease, queries.succeed, extra, result=result):
+                logger.info("job succeeded", extra=extra)
 
     def _unexpected_error(
         self,
@@ -365,8 +378,8 @@ class Pool:
         if job.attempt < job.max_attempts:
             now = utc_now()
             run_at = now + seconds(kind.options.backoff.delay(job.attempt))
-            self._record(lease, queries.retry, extra, run_at=to_text(run_at))
-            logger.info("job re-queued for attempt %d", job.attempt + 1, extra=extra)
+            if self._record(lease, queries.retry, extra, run_at=to_text(run_at)):
+                logger.info("job re-queued for attempt %d", job.attempt + 1, extra=extra)
         else:
             self._record(lease, queries.fail, extra, error=message)
 
@@ -376,26 +389,44 @@ class Pool:
         write: Callable[..., bool],
         extra: dict[str, Any],
         **values: str,
-    ) -> None:
-        """Make a final (fenced) write; a write that matches no row is logged, not retried.
+    ) -> bool:
+        """Make a final (fenced) write; returns whether it was recorded.
 
         The write goes to the completer, which commits the outcomes of jobs
         that finish together in one transaction (one hop to the writer thread
         and one commit instead of one each); this waits until it is committed,
         so the worker's slot frees only once the outcome is stored.
+
+        A database that stays locked past the deadline (a long migration, say)
+        does not cost a finished job its outcome: the write is tried again with
+        backoff while the job stays in `_running`, so the heartbeat keeps its
+        lease, and the fence makes a repeated write harmless. A write that
+        matches no row means the job is no longer ours: logged, not retried.
         """
-        outcome = _Outcome(lease, write, values)
-        self._outcomes.append(outcome)
-        self._outcome_waiting.set()
-        try:
-            recorded = outcome.recorded.get()
-        except Exception:
-            logger.exception(
-                "recording the job's outcome failed; its lease will expire", extra=extra
-            )
-            return
-        if not recorded:
-            logger.warning("job was no longer ours when its outcome was recorded", extra=extra)
+        delay = _RECORD_RETRY_FIRST_SECONDS
+        while True:
+            outcome = _Outcome(lease, write, values)
+            self._outcomes.append(outcome)
+            self._outcome_waiting.set()
+            try:
+                recorded = outcome.recorded.get()
+            except StoreUnavailable:
+                logger.warning(
+                    "database busy while recording the job's outcome; trying again in %.1fs",
+                    delay,
+                    extra=extra,
+                )
+                gevent.sleep(delay)
+                delay = min(delay * 2, _RECORD_RETRY_MAX_SECONDS)
+                continue
+            except Exception:
+                logger.exception(
+                    "recording the job's outcome failed; its lease will expire", extra=extra
+                )
+                return False
+            if not recorded:
+                logger.warning("job was no longer ours when its outcome was recorded", extra=extra)
+            return recorded
 
     def _complete(self) -> None:
         """The completer: records every waiting outcome in one write, then the next batch."""
@@ -409,6 +440,11 @@ class Pool:
     def _record_batch(self, batch: list[_Outcome]) -> None:
         try:
             recorded = self.store.write(_write_outcomes, batch, to_text(utc_now()))
+        except StoreUnavailable as error:
+            # The database, not one outcome: splitting would only wait again per job.
+            for outcome in batch:
+                outcome.recorded.set_exception(error)
+            return
         except Exception as error:
             if len(batch) == 1:
                 batch[0].recorded.set_exception(error)
@@ -455,6 +491,20 @@ class Pool:
 
     def rescue_once(self, now: datetime) -> queries.Recovered:
         recovered = self.rescuer.run_once(now)
+        # A job of ours among them lost its lease (our heartbeats did not get
+        # through in time): its handler must stop, or it would run on beside
+        # the job's next attempt.
+        for job_id in (*recovered.requeued, *recovered.failed):
+            self._stop_stale_handler(job_id)
         if recovered.requeued:
             self._wake.set()
         return recovered
+
+    def _stop_stale_handler(self, job_id: str) -> None:
+        entry = self._running.pop(job_id, None)
+        if entry is not None and entry.greenlet is not None:
+            logger.warning(
+                "job lost its lease; stopping its handler",
+                extra={"job_id": job_id, "attempt": entry.lease.attempt},
+            )
+            entry.greenlet.kill(LeaseLost, block=False)

@@ -100,6 +100,18 @@ def sleep_on_first_attempt(payload: dict[str, Any], ctx: JobContext) -> dict[str
     return {}
 
 
+def sleep_reporting_stop(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Attempt 1 sleeps; whatever stops it early is written to the log file."""
+    if ctx.attempt == 1:
+        try:
+            gevent.sleep(payload["seconds"])
+        except BaseException as stop:
+            with open(payload["log"], "a") as log:
+                log.write(f"attempt 1 stopped by {type(stop).__name__}\n")
+            raise
+    return {}
+
+
 def flaky(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if ctx.attempt <= payload["fail_times"]:
         raise ConnectionError(f"flaky dependency, token={SECRET}")
@@ -158,6 +170,13 @@ def register_test_kinds(registry: Registry) -> None:
         "sleep_on_first_attempt",
         sleep_on_first_attempt,
         payload=SecondsSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "sleep_reporting_stop",
+        sleep_reporting_stop,
+        payload=LogSchema,
         result=EmptySchema,
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
