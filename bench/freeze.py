@@ -55,7 +55,7 @@ def freeze_child(args: dict) -> dict:
 
     def reader() -> None:
         while not stop:
-            jobs.list(limit=10)
+            jobs.list_jobs(limit=10)
             gevent.sleep(0.001)
 
     greenlets = [gevent.spawn(ticker), gevent.spawn(writer), gevent.spawn(reader)]

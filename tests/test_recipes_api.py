@@ -28,7 +28,7 @@ def store_recipe(app, household_id: int, title: str) -> str:
 
 
 def job_count(app) -> int:
-    return len(get_jobs(app).list(limit=100))
+    return len(get_jobs(app).list_jobs(limit=100))
 
 
 # -- starting an import -------------------------------------------------------------------

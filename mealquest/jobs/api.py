@@ -42,7 +42,7 @@ def list_jobs() -> dict[str, Any]:
     query = _query_schema.load(request.args)
     limit = query["limit"]
     before = decode_cursor(query["cursor"]) if query["cursor"] else None
-    jobs = get_jobs().list(
+    jobs = get_jobs().list_jobs(
         household_id=current_household().id,
         status=query["status"],
         kind=query["kind"],

@@ -35,7 +35,7 @@ def _summary(job: Job) -> str:
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 def jobs_list(status: str | None, kind: str | None, household_id: int | None, limit: int) -> None:
     """Jobs newest first."""
-    jobs = get_jobs().list(
+    jobs = get_jobs().list_jobs(
         household_id=household_id,
         status=Status(status) if status else None,
         kind=kind,

@@ -137,20 +137,8 @@ class Registry:
         self._kinds[name] = kind
         return kind
 
-    def kind(self, name: str, **kwargs: Any) -> Callable[[Handler], Handler]:
-        """Decorator form of `register`."""
-
-        def decorate(handler: Handler) -> Handler:
-            self.register(name, handler, **kwargs)
-            return handler
-
-        return decorate
-
     def get(self, name: str) -> Kind | None:
         return self._kinds.get(name)
-
-    def names(self) -> list[str]:
-        return sorted(self._kinds)
 
     def close(self) -> None:
         self._closed = True

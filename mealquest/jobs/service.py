@@ -78,7 +78,7 @@ class JobService:
     def get(self, job_id: str, *, household_id: int | None = None) -> Job | None:
         return self.store.read(queries.get_job, job_id, household_id)
 
-    def list(
+    def list_jobs(
         self,
         *,
         household_id: int | None = None,
