@@ -142,6 +142,18 @@ def test_microdata_page_imports(start, pages, auth):
     assert recipe["author"] == "Bob Baker"
 
 
+def test_a_url_with_non_ascii_characters_is_fetched_percent_encoded(start, pages, auth):
+    app = start()
+    client = app.test_client()
+    pages.page("/soupe-%C3%A0-l-oignon", recipe_page("Soupe à l'oignon"))
+
+    job = finished(client, auth, import_url(client, auth, pages.url("/soupe-à-l-oignon")))
+
+    assert job["status"] == "succeeded", job
+    assert job["result"]["recipe"]["title"] == "Soupe à l'oignon"
+    assert pages.hits["/soupe-%C3%A0-l-oignon"] == 1
+
+
 def test_partial_result_is_seen_while_a_slow_page_is_fetched(start, pages, auth):
     app = start()
     client = app.test_client()

@@ -30,7 +30,7 @@ import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import gevent
 import gevent.socket
@@ -156,6 +156,10 @@ def _target(url: str) -> _Target:
         path = f"{path}?{parts.query}"
     if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in path):
         raise AddressNotAllowed()
+    # The request line is ASCII: percent-encode what is not (an IRI such as
+    # `/soupe-à-l-oignon`, or a raw UTF-8 `Location`), leaving escapes and
+    # reserved characters as they are.
+    path = quote(path, safe="/%:@!$&'()*+,;=-._~?")
     return _Target(scheme, parts.hostname, port or _DEFAULT_PORTS[scheme], path)
 
 
@@ -270,7 +274,7 @@ def _follow(url: str, policy: FetchPolicy) -> Page:
             raise TooSlow() from None
         except (OSError, http.client.IncompleteRead):
             raise Unreachable() from None
-        except http.client.HTTPException:
+        except (http.client.HTTPException, UnicodeError, ValueError):
             raise BadResponse() from None
         if isinstance(outcome, Page):
             return Page(url, outcome.content_type, outcome.body)
