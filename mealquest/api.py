@@ -1,12 +1,16 @@
 """`/api/v1`: the authenticated API. Every route below it needs a bearer token.
 
-Authentication is a `before_request` of this parent blueprint rather than a
-decorator on each view, so a route added later cannot forget it.
+Authentication is one app-wide `before_request` on the path prefix rather
+than a decorator on each view, so a route added later cannot forget it, and
+a path no route matches (404) or a method no route allows (405) under the
+prefix is refused without a token too (a blueprint's own hook never runs
+for those).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint
+from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
 
 from mealquest.auth import token_auth
 from mealquest.jobs.api import bp as jobs_bp
@@ -14,13 +18,22 @@ from mealquest.openapi import bp as openapi_bp
 from mealquest.recipes.api import imports_bp as recipe_imports_bp
 from mealquest.recipes.api import recipes_bp
 
-bp = Blueprint("api", __name__, url_prefix="/api/v1")
+PREFIX = "/api/v1"
+
+bp = Blueprint("api", __name__, url_prefix=PREFIX)
 
 
-@bp.before_request
 @token_auth.login_required
-def _require_token() -> None:
+def _authenticated() -> None:
     """Returns None to let an authenticated request through."""
+
+
+@bp.before_app_request
+def _require_token() -> ResponseReturnValue | None:
+    path = request.path
+    if path == PREFIX or path.startswith(PREFIX + "/"):
+        return _authenticated()
+    return None
 
 
 bp.register_blueprint(openapi_bp)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sqlite3
 import sys
 import time
 import uuid
@@ -41,6 +42,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from mealquest import migrations
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.runner import Pool, StopReport
+from mealquest.store import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ STOP_MARGIN_SECONDS = 1.0
 _WATCH_SECONDS = 0.1
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker exiting with it stops the master.
 _WORKER_BOOT_ERROR = 3
+# Any other failing status: the master replaces the worker.
+_WORKER_START_FAILED = 1
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # A forwarded request id is echoed only if it is short and plain: it ends up
@@ -153,6 +157,11 @@ def start_worker(worker: Any) -> None:
     except migrations.MigrationError as error:
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
+    except (StoreError, sqlite3.Error) as error:
+        # Passing (a lock past the deadline): exit so the master boots another
+        # worker. The boot-error status would stop the whole server.
+        logger.error("worker could not start its job pool: %s", type(error).__name__)
+        sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
     gevent.spawn(_watch, worker)
 

@@ -129,3 +129,15 @@ def test_jobs_routes_need_a_token(client, jobs, household):
         assert answer.status_code == 401
         assert answer.json["error"]["code"] == "unauthorized"
         assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/api/v1/no-such-route"), ("DELETE", "/api/v1/jobs"), ("GET", "/api/v1")],
+)
+def test_unrouted_paths_under_the_api_need_a_token_first(client, auth, method, path):
+    anonymous = client.open(path, method=method)
+    assert anonymous.status_code == 401
+    assert anonymous.json["error"]["code"] == "unauthorized"
+    authenticated = client.open(path, method=method, headers=auth)
+    assert authenticated.status_code in (404, 405)

@@ -74,9 +74,10 @@ def _restart_monkey_patched() -> None:
     """
     if monkey.is_module_patched("socket") or not _run_from_flask_cli():
         return
-    if os.environ.get("MEALQUEST_JOBS_WORK_PATCHED"):
+    # Not MEALQUEST_*: that prefix is the app's configuration.
+    if os.environ.get("MQ_JOBS_WORK_REEXECUTED"):
         raise click.ClickException("could not start the pool monkey-patched")
-    os.environ["MEALQUEST_JOBS_WORK_PATCHED"] = "1"
+    os.environ["MQ_JOBS_WORK_REEXECUTED"] = "1"
     launcher = [sys.executable, "-m", "gevent.monkey", "--module", "flask", *sys.argv[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
