@@ -122,7 +122,11 @@ class JobContext:
     ) -> T:
         """Run `fn(tx, ...)` in a write transaction that commits only while this
         worker still holds the job's lease, so a rescued job's old worker cannot
-        write domain rows behind the new one."""
+        write domain rows behind the new one.
+
+        `fn` runs in the store's native writer thread: SQL only, no gevent
+        calls, no I/O, nothing slow (every other write of the process waits).
+        """
 
         def fenced(tx: Transaction) -> T:
             if not queries.owns(tx, self._lease):
