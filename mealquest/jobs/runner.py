@@ -6,7 +6,9 @@ own greenlet; an idle dispatcher wakes on an enqueue in this process, on a
 commit by another process (`PRAGMA data_version`, checked every few
 milliseconds), or on the poll interval. A completer greenlet records the
 outcomes of jobs that finish together in one write transaction (each write
-still fenced on its own lease). A heartbeat greenlet renews the leases of the
+still fenced on its own lease), which also claims the jobs for the slots they
+free. Claims in flight reserve their slots, so the two never claim more jobs
+than there are free workers. A heartbeat greenlet renews the leases of the
 jobs this process runs, and a rescuer greenlet takes back jobs whose lease
 expired anywhere.
 """
@@ -153,9 +155,13 @@ class _Outcome:
     recorded: AsyncResult = field(default_factory=AsyncResult)
 
 
-def _write_outcomes(tx: Transaction, outcomes: list[_Outcome], now: str) -> list[bool]:
-    # Runs in the writer thread: plain statements only, no gevent objects.
-    return [outcome.write(tx, outcome.lease, now=now, **outcome.values) for outcome in outcomes]
+def _write_outcomes(
+    tx: Transaction, outcomes: list[_Outcome], now: str, claim: dict[str, Any] | None
+) -> tuple[list[bool], list[Job]]:
+    """The completer's transaction: the outcomes, then (with `claim`) the next jobs
+    for the slots they free. Runs in the writer thread: no gevent objects."""
+    recorded = [outcome.write(tx, outcome.lease, now=now, **outcome.values) for outcome in outcomes]
+    return recorded, queries.claim(tx, **claim) if claim else []
 
 
 class Pool:
@@ -188,6 +194,8 @@ class Pool:
         self._services: list[Greenlet] = []
         self._outcomes: list[_Outcome] = []
         self._outcome_waiting = Event()
+        # Slots a claim in flight (the dispatcher's or the completer's) may fill.
+        self._reserved = 0
 
     def active_jobs(self) -> list[str]:
         return list(self._running)
@@ -253,7 +261,7 @@ class Pool:
 
     def _dispatch(self) -> None:
         while not self._stop_event.is_set():
-            free = self.settings.workers - len(self._running)
+            free = self.settings.workers - len(self._running) - self._reserved
             if free <= 0:
                 self._slot_free.wait()
                 self._slot_free.clear()
@@ -270,20 +278,29 @@ class Pool:
 
     def claim(self, limit: int) -> list[Job]:
         """Claim up to `limit` due jobs and start running them."""
+        self._reserved += limit
+        try:
+            jobs = self.store.write(queries.claim, **self._claim_values(limit))
+        finally:
+            self._reserved -= limit
+        self._start(jobs)
+        return jobs
+
+    def _claim_values(self, limit: int) -> dict[str, Any]:
         now = utc_now()
-        jobs = self.store.write(
-            queries.claim,
-            owner=self.owner,
-            now=to_text(now),
-            lease_expires_at=to_text(now + seconds(self.settings.lease_seconds)),
-            limit=limit,
-        )
+        return {
+            "owner": self.owner,
+            "now": to_text(now),
+            "lease_expires_at": to_text(now + seconds(self.settings.lease_seconds)),
+            "limit": limit,
+        }
+
+    def _start(self, jobs: list[Job]) -> None:
         for job in jobs:
             self._stop_stale_handler(job.id)
             entry = _Running(queries.Lease(job.id, self.owner, job.attempt))
             self._running[job.id] = entry
             entry.greenlet = gevent.spawn(self._execute, job, entry)
-        return jobs
 
     def _wait_for_work(self) -> None:
         """Idle until woken, another process commits something due, or the poll interval."""
@@ -442,8 +459,17 @@ class Pool:
                 self._record_batch(batch)
 
     def _record_batch(self, batch: list[_Outcome]) -> None:
+        # The slots these outcomes free are claimed in the same transaction:
+        # measured, a separate claim after each batch was a second hop to the
+        # writer thread and a second commit for the same handful of jobs.
+        limit = 0
+        if not self._stop_event.is_set():
+            finishing = sum(1 for outcome in batch if outcome.lease.job_id in self._running)
+            limit = max(0, self.settings.workers - len(self._running) - self._reserved + finishing)
+        claim = self._claim_values(limit) if limit else None
+        self._reserved += limit
         try:
-            recorded = self.store.write(_write_outcomes, batch, to_text(utc_now()))
+            recorded, jobs = self.store.write(_write_outcomes, batch, to_text(utc_now()), claim)
         except StoreUnavailable as error:
             # The database, not one outcome: splitting would only wait again per job.
             for outcome in batch:
@@ -457,8 +483,11 @@ class Pool:
             for outcome in batch:
                 self._record_batch([outcome])
             return
+        finally:
+            self._reserved -= limit
         for outcome, matched in zip(batch, recorded, strict=True):
             outcome.recorded.set(matched)
+        self._start(jobs)
 
     # -- maintenance ------------------------------------------------------------
 
