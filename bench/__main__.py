@@ -179,7 +179,7 @@ def measure_latency(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
 
 def measure_http(sizes: Sizes, workdir: Path, generator: str) -> list[dict]:
     job, trivial = web.serve_and_load(
-        workdir, sizes.http_seconds, sizes.http_connections, sizes.repeats, generator
+        workdir, sizes.http_seconds, sizes.http_connections, sizes.http_rounds, generator
     )
     what = f"trivial JSON route, same gunicorn ({job['generator']})"
     rps = figure(
@@ -315,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         help="HTTP load generator (auto: wrk if installed)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--readme", action="store_true", help="put the table in bench/README.md (full runs)"
+    )
     options = parser.parse_args(argv)
     sizes = QUICK if options.quick else FULL
     generator = options.loadgen
@@ -366,9 +369,29 @@ def main(argv: list[str] | None = None) -> int:
     }
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, indent=2) + "\n")
+    summary = (
+        f"{results['mode']} run of {stamp}, {results['seconds']:.0f} s, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}, synchronous={SYNCHRONOUS}, "
+        f"HTTP load by {generator}"
+    )
     print(table(figures))
-    print(f"\n{results['mode']} run, {results['seconds']:.0f} s; JSON: {json_path}")
+    print(f"\n{summary}; JSON: {json_path}")
+    if options.readme:
+        update_readme(f"{table(figures)}\n\n{summary}.")
     return 0
+
+
+README = REPO / "bench" / "README.md"
+_START, _END = "<!-- table:start -->", "<!-- table:end -->"
+
+
+def update_readme(text: str) -> None:
+    """Replace the table between the markers in bench/README.md."""
+    content = README.read_text()
+    head, rest = content.split(_START, 1)
+    _, tail = rest.split(_END, 1)
+    README.write_text(f"{head}{_START}\n{text}\n{_END}{tail}")
 
 
 if __name__ == "__main__":

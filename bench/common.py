@@ -33,7 +33,8 @@ class Sizes:
     claims: int  # claims timed per claim-rate run
     memory_small: int
     memory_large: int
-    http_seconds: float
+    http_seconds: float  # per round of each route
+    http_rounds: int  # rounds per route, alternating; the median is kept
     http_connections: int
     lock_seconds: float
 
@@ -47,7 +48,8 @@ FULL = Sizes(
     claims=3_000,
     memory_small=1_000,
     memory_large=100_000,
-    http_seconds=5.0,
+    http_seconds=3.0,
+    http_rounds=5,
     http_connections=32,
     lock_seconds=2.0,
 )
@@ -62,6 +64,7 @@ QUICK = Sizes(
     memory_small=50,
     memory_large=300,
     http_seconds=0.5,
+    http_rounds=1,
     http_connections=4,
     lock_seconds=0.3,
 )
