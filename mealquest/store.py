@@ -150,7 +150,12 @@ class _WriterThread:
         _start_native_thread(self._serve, ())
 
     def call(self, fn: Callable[[], T]) -> T:
-        """Run `fn()` in the thread; the calling greenlet waits (other greenlets run)."""
+        """Run `fn()` in the thread; the calling greenlet waits (other greenlets run).
+
+        Only from the native thread whose hub made this writer, as with gevent's
+        ThreadPool: the result comes back through that hub."""
+        if get_hub() is not self._hub:
+            raise StoreError("the store's writer is used from another native thread")
         waiter = Waiter(self._hub)
         self._requests.append((waiter, fn))
         self._pending += 1
