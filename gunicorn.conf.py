@@ -54,6 +54,10 @@ if os.environ.get("GUNICORN_CONTROL_SOCKET"):
     control_socket_mode = 0o600
 else:
     control_socket_disable = True
+# The longest request line gunicorn reads (its maximum): above the app's own
+# MEALQUEST_MAX_URI_LENGTH, so a long URI gets the app's JSON 414, not
+# gunicorn's plain one.
+limit_request_line = 8190
 # Access log to stdout (the journal under systemd). Each line carries the
 # request id (nginx's $request_id, echoed by the app, or one the app made),
 # the address nginx saw the client at, and the worker's pid.

@@ -44,6 +44,10 @@ DEFAULTS: dict[str, Any] = {
     # Flask: the largest request body accepted (413 above it). nginx's
     # client_max_body_size in deploy/nginx.conf matches it.
     "MAX_CONTENT_LENGTH": 64 * 1024,
+    # The longest path plus query string accepted (414 `uri_too_long` above
+    # it); below gunicorn's limit_request_line and nginx's header buffers so
+    # that the app, not the server, answers.
+    "MAX_URI_LENGTH": 4000,
     # Level of the service's own log lines (stderr).
     "LOG_LEVEL": "INFO",
     # Recipe import: let fetches reach private, loopback, link-local, multicast

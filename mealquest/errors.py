@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, Response, jsonify
+from flask import Flask, Response, current_app, jsonify, request
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
@@ -25,6 +25,7 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
     404: ("not_found", "not found"),
     405: ("method_not_allowed", "method not allowed"),
     413: ("payload_too_large", "the request body is too large"),
+    414: ("uri_too_long", "the request URI is too long"),
     415: ("unsupported_media_type", "the request body must be JSON"),
     503: ("unavailable", "the service is busy; try again shortly"),
 }
@@ -95,7 +96,20 @@ def _internal(error: Exception) -> tuple[Response, int]:
     return error_response(500, "internal", "internal error")
 
 
+def _refuse_long_uri() -> tuple[Response, int] | None:
+    # The app's own limit, below the server's (gunicorn's limit_request_line,
+    # nginx's header buffers), so a long URI is answered in the envelope.
+    environ = request.environ
+    length = len(environ.get("PATH_INFO", "").encode("utf-8", "surrogateescape"))
+    length += len(environ.get("QUERY_STRING", ""))
+    if length > current_app.config["MAX_URI_LENGTH"]:
+        return error_response(414, *_HTTP_CODES[414])
+    return None
+
+
 def init_app(app: Flask) -> None:
+    """Registered first, so the URI limit applies before authentication."""
+    app.before_request(_refuse_long_uri)
     app.register_error_handler(APIError, _api_error)
     app.register_error_handler(ValidationError, _validation_error)
     app.register_error_handler(StoreUnavailable, _unavailable)

@@ -7,7 +7,7 @@ rule whose view has no declaration, and a test fails while one exists.
 Error answers all reference one envelope schema; which statuses an operation
 can answer follows from what it declares (a path parameter can miss: 404; a
 query or body can be invalid: 400; under /api/v1: 401, and 503 when the
-database stays locked).
+database stays locked; any: 414 for a URI over the app's limit).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ ERROR_CODES = (
     "not_found",
     "method_not_allowed",
     "payload_too_large",
+    "uri_too_long",
     "unsupported_media_type",
     "unavailable",
     "internal",
@@ -48,6 +49,7 @@ _ERROR_DESCRIPTIONS = {
     401: "no valid bearer token: `unauthorized`",
     404: "`not_found`",
     413: "the request body is too large: `payload_too_large`",
+    414: "the path and query are longer than the service accepts: `uri_too_long`",
     415: "the request body is not JSON: `unsupported_media_type`",
     503: "the database is busy or unreachable (retry): `unavailable`",
 }
@@ -85,7 +87,7 @@ class Operation:
     summary: str | None = None
 
     def error_statuses(self) -> list[int]:
-        statuses = set(self.errors)
+        statuses = set(self.errors) | {414}
         if self.authenticated:
             statuses |= {401, 503}
         if self.path is not None:

@@ -187,3 +187,13 @@ def test_a_body_within_the_limit_is_read(error_client):
     response = error_client.post("/test/echo", json={"text": "short"})
     assert response.status_code == 200
     assert response.get_json() == {"echo": {"text": "short"}}
+
+
+def test_a_uri_over_the_limit_is_414_in_the_envelope_before_auth(make_app):
+    client = make_app(MAX_URI_LENGTH=100).test_client()
+    answer = client.get("/api/v1/jobs?kind=" + "k" * 100)
+    assert answer.status_code == 414
+    assert answer.json == {
+        "error": {"code": "uri_too_long", "message": "the request URI is too long"}
+    }
+    assert client.get("/api/v1/jobs?kind=k").status_code == 401

@@ -62,6 +62,9 @@ def served(db_path: str, tmp_path: Path) -> Iterator[str]:
     }
     args = [sys.executable, "-m", "gunicorn", "--worker-class", "gevent", "--workers", "1"]
     args += ["--bind", f"127.0.0.1:{port}", "--no-control-socket", "--graceful-timeout", "2"]
+    # Every request line reaches the app, whose own 414 the document lists
+    # (deployed, nginx answers an even longer one itself, in the same envelope).
+    args += ["--limit-request-line", "0"]
     args += ["mealquest:create_app()"]
     server = subprocess.Popen(
         args,

@@ -62,6 +62,13 @@ def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, st
         "error": {"code": "payload_too_large", "message": "the request body is too large"}
     }
 
+    # A long URI: the app's own 414 below nginx's header buffers, nginx's above.
+    for length in (5_000, 20_000):
+        too_long = http("GET", f"{api}/jobs?kind={'k' * length}", token=served.token)
+        assert too_long.status == 414, length
+        assert too_long.headers["Content-Type"] == "application/json"
+        assert too_long.json["error"]["code"] == "uri_too_long"
+
 
 def test_nginx_answers_json_when_gunicorn_is_down(start_nginx):
     nginx = start_nginx(free_port())  # nothing listens there
