@@ -17,6 +17,7 @@ from mealquest.households import IssuedToken, create_household
 from mealquest.jobs.service import JobService
 from mealquest.store import Store
 from tests.support.kinds import register_test_kinds
+from tests.support.sqlite_lock import LockHolder
 
 # Short times so tests wait on conditions for fractions of a second.
 FAST_POOL = {
@@ -44,6 +45,16 @@ def db_path(tmp_path: Path) -> str:
     path = str(tmp_path / "mealquest.sqlite3")
     migrations.upgrade(path)
     return path
+
+
+@pytest.fixture
+def lock_holder(db_path: str) -> Iterator[LockHolder]:
+    """Another process that takes the database's write lock when the test says."""
+    holder = LockHolder(db_path)
+    try:
+        yield holder
+    finally:
+        holder.stop()
 
 
 @pytest.fixture

@@ -8,18 +8,8 @@ from flask import request
 from mealquest.errors import APIError
 from mealquest.extensions import get_store
 from tests.support.kinds import SECRET
-from tests.support.sqlite_lock import LockHolder
 
 LIMIT = 1024
-
-
-@pytest.fixture
-def lock_holder(db_path):
-    holder = LockHolder(db_path)
-    try:
-        yield holder
-    finally:
-        holder.stop()
 
 
 @pytest.fixture

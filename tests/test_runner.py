@@ -21,7 +21,6 @@ from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import Pool, PoolSettings
 from tests.conftest import wait_for
 from tests.support.kinds import SECRET, ValueSchema, succeed
-from tests.support.sqlite_lock import LockHolder
 
 
 def final(jobs, job_id: str):
@@ -456,20 +455,16 @@ def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household):
 
 
 def test_a_finished_job_keeps_its_outcome_through_a_lock_longer_than_the_deadline(
-    make_app, db_path, household, mealquest_logs
+    make_app, lock_holder, household, mealquest_logs
 ):
     app = make_app(DB_BUSY_TIMEOUT_SECONDS=0.3)
     jobs = get_jobs(app)
     job_id = jobs.enqueue("sleep", {"seconds": 0.3}, household_id=household.household_id)
     jobs.start_pool()
     wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
-    holder = LockHolder(db_path)
-    try:
-        holder.hold()
-        wait_for(lambda: any("busy while recording" in r.getMessage() for r in mealquest_logs))
-        holder.release()
-    finally:
-        holder.stop()
+    lock_holder.hold()
+    wait_for(lambda: any("busy while recording" in r.getMessage() for r in mealquest_logs))
+    lock_holder.release()
     job = wait_for(lambda: final(jobs, job_id))
     assert (job.status, job.attempt, job.error) == (Status.SUCCEEDED, 1, None)
 

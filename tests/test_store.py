@@ -18,15 +18,6 @@ from tests.support.sqlite_lock import LockHolder
 NOW = "2025-01-01T00:00:00.000000Z"
 
 
-@pytest.fixture
-def lock_holder(db_path):
-    holder = LockHolder(db_path)
-    try:
-        yield holder
-    finally:
-        holder.stop()
-
-
 def insert_household(tx, name):
     return tx.execute(
         "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id", (name, NOW)
