@@ -502,3 +502,25 @@ def test_a_rescued_job_keeps_its_place_in_the_queue(jobs, store, household):
     )
     assert [(job.id, job.attempt) for job in claimed] == [(rescued, 2)]
     assert jobs.get(later).status == Status.QUEUED
+
+
+def test_jobs_claimed_by_a_write_in_flight_when_stop_began_go_back_untouched(
+    jobs, store, household
+):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    pool.stop(timeout=1)
+    # As the completer's claim would, landing after stop began.
+    now = utc_now()
+    claimed = store.write(
+        queries.claim,
+        owner=pool.owner,
+        now=to_text(now),
+        lease_expires_at=to_text(now + timedelta(seconds=30)),
+        limit=1,
+    )
+    assert [job.id for job in claimed] == [job_id]
+    pool._start(claimed)
+    job = jobs.get(job_id)
+    assert (job.status, job.attempt, job.lease_owner) == (Status.QUEUED, 0, None)
+    assert pool.active_jobs() == []

@@ -108,6 +108,19 @@ def retry(tx: Transaction, lease: Lease, *, run_at: str, now: str) -> bool:
     return cursor.rowcount == 1
 
 
+def unclaim(tx: Transaction, leases: Iterable[Lease], *, now: str) -> int:
+    """Put claimed jobs that never started back in the queue, their attempt not spent."""
+    unclaimed = 0
+    for lease in leases:
+        cursor = tx.execute(
+            "UPDATE jobs SET status = 'queued', attempt = attempt - 1, lease_owner = NULL, "
+            f"lease_expires_at = NULL, updated_at = ? {_FENCE}",
+            (now, lease.job_id, lease.owner, lease.attempt),
+        )
+        unclaimed += cursor.rowcount
+    return unclaimed
+
+
 def renew_leases(
     tx: Transaction, leases: Iterable[Lease], *, lease_expires_at: str
 ) -> set[tuple[str, int]]:

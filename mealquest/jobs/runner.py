@@ -296,11 +296,24 @@ class Pool:
         }
 
     def _start(self, jobs: list[Job]) -> None:
+        if jobs and self._stop_event.is_set():
+            # Claimed by a write that was in flight when `stop` began (the
+            # completer's): `stop` may already have counted what it waits for,
+            # so these never start; they go back to the queue as they were.
+            self._unclaim(jobs)
+            return
         for job in jobs:
             self._stop_stale_handler(job.id)
             entry = _Running(queries.Lease(job.id, self.owner, job.attempt))
             self._running[job.id] = entry
             entry.greenlet = gevent.spawn(self._execute, job, entry)
+
+    def _unclaim(self, jobs: list[Job]) -> None:
+        leases = [queries.Lease(job.id, self.owner, job.attempt) for job in jobs]
+        try:
+            self.store.write(queries.unclaim, leases, now=to_text(utc_now()))
+        except Exception:
+            logger.exception("could not put back jobs claimed while stopping; leases will expire")
 
     def _wait_for_work(self) -> None:
         """Idle until woken, another process commits something due, or the poll interval."""
