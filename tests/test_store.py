@@ -18,6 +18,28 @@ from tests.support.sqlite_lock import LockHolder
 NOW = "2025-01-01T00:00:00.000000Z"
 
 
+class Ticker:
+    """A greenlet counting 10 ms ticks while the block runs: it ticks only if
+    the hub is free, so a frozen process shows as no ticks."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._greenlet: gevent.Greenlet | None = None
+
+    def _tick(self) -> None:
+        while True:
+            gevent.sleep(0.01)
+            self.ticks += 1
+
+    def __enter__(self) -> Ticker:
+        self._greenlet = gevent.spawn(self._tick)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._greenlet is not None
+        self._greenlet.kill()
+
+
 def insert_household(tx, name):
     return tx.execute(
         "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id", (name, NOW)
@@ -183,25 +205,14 @@ def test_a_lock_held_past_the_deadline_is_store_unavailable(make_app, lock_holde
     store = get_store(make_app(DB_BUSY_TIMEOUT_SECONDS=0.3))
     store.write(insert_household, "before")
     lock_holder.hold()
-    state = {"ticks": 0, "done": False}
-
-    def ticker():
-        while not state["done"]:
-            gevent.sleep(0.01)
-            state["ticks"] += 1
-
-    ticking = gevent.spawn(ticker)
-    try:
+    with Ticker() as ticker:
         with pytest.raises(StoreUnavailable):
             store.write(insert_household, "refused")
         # Several writes queued behind each other all end with the clear error too.
         waiting = [gevent.spawn(store.write, insert_household, f"q{n}") for n in range(3)]
         gevent.joinall(waiting, timeout=30)
         assert all(isinstance(g.exception, StoreUnavailable) for g in waiting)
-    finally:
-        state["done"] = True
-        ticking.kill()
-    assert state["ticks"] > 5
+    assert ticker.ticks > 5
     assert household_names(store) == ["before"]
 
     lock_holder.release()
@@ -219,24 +230,15 @@ def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_
     setup.close()
     store = Store(path, busy_timeout_seconds=0.3)
     holder = LockHolder(path, mode="EXCLUSIVE")
-    state = {"ticks": 0, "done": False}
-
-    def ticker():
-        while not state["done"]:
-            gevent.sleep(0.01)
-            state["ticks"] += 1
-
-    ticking = gevent.spawn(ticker)
     try:
-        holder.hold()
-        with pytest.raises(StoreUnavailable):
-            store.read(lambda conn: conn.execute("SELECT x FROM t").fetchall())
-        assert state["ticks"] > 5
+        with Ticker() as ticker:
+            holder.hold()
+            with pytest.raises(StoreUnavailable):
+                store.read(lambda conn: conn.execute("SELECT x FROM t").fetchall())
+        assert ticker.ticks > 5
         holder.release()
         assert store.read(lambda conn: conn.execute("SELECT x FROM t").fetchone()[0]) == 1
     finally:
-        state["done"] = True
-        ticking.kill()
         holder.stop()
         store.close()
 
