@@ -15,7 +15,8 @@ class Status(enum.StrEnum):
     RUNNING = "running"
     """Held under a lease by one worker. That worker moves it to succeeded or
     failed, or back to queued for a retry; the rescuer or a stopping pool moves
-    it to queued or failed when the lease is lost or the pool stops."""
+    it to queued or failed (the kind's `on_interrupt`) when the lease is lost
+    or the pool stops."""
     SUCCEEDED = "succeeded"
     """Final."""
     FAILED = "failed"
@@ -23,6 +24,22 @@ class Status(enum.StrEnum):
 
 
 FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED)
+
+
+class OnInterrupt(enum.StrEnum):
+    """What an interruption (a stop that cut the job short, or its process's
+    death) does to a job; stored on the row so any process's rescuer applies it."""
+
+    REQUEUE = "requeue"
+    """Back to the queue with the attempt refunded; failed at the
+    `MAX_INTERRUPTIONS`-th interruption in a row."""
+    FAIL = "fail"
+    """Failed `interrupted by restart` at once: the job runs at most once."""
+
+
+# Interruptions in a row after which a `requeue` job fails: a job that kills
+# its process (a poison pill) stops coming back.
+MAX_INTERRUPTIONS = 3
 
 # Errors the runner stores itself; each is safe to show the household.
 MESSAGE_INTERNAL = "internal error"
@@ -48,6 +65,15 @@ class Failure(Exception):
 
 
 @dataclass(frozen=True)
+class Lease:
+    """What fences a running job's writes: the claim's token and the attempt."""
+
+    job_id: str
+    owner: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Job:
     """A job row as the runner and the API read it."""
 
@@ -68,10 +94,31 @@ class Job:
     updated_at: str
     started_at: str | None
     finished_at: str | None
+    on_interrupt: OnInterrupt
+    interruptions: int
+    # Set when the stored result is not JSON (a legacy or hand-edited row):
+    # the result reads as None, and the runner fails such a job alone.
+    result_undecodable: bool = False
+
+    @property
+    def lease(self) -> Lease:
+        """What fences the writes of the claim that made this job running."""
+        if self.lease_owner is None:
+            raise ValueError("a job that is not running has no lease")
+        return Lease(self.id, self.lease_owner, self.attempt)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> Job:
+        """The row as read; never raises on a stored result that is not JSON,
+        so one bad row cannot fail a whole claim or listing."""
         values = dict(row)
         values["status"] = Status(values["status"])
-        values["result"] = None if values["result"] is None else json.loads(values["result"])
+        values["on_interrupt"] = OnInterrupt(values["on_interrupt"])
+        stored = values["result"]
+        values["result"] = None
+        if stored is not None:
+            try:
+                values["result"] = json.loads(stored)
+            except (TypeError, ValueError):
+                values["result_undecodable"] = True
         return cls(**values)

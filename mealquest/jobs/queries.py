@@ -4,31 +4,43 @@ Writes take a `Transaction` (they run inside `Store.write`, in the writer
 thread); reads take a `sqlite3.Connection` (they run inside `Store.read`).
 Every write after the claim is fenced on the lease: the job must still be
 `running`, owned by this worker's boot id, at this attempt. A write that
-matches no row returns False and the caller treats the lease as lost.
+matches no row returns False and the caller treats the lease as lost. Every
+state change a worker makes goes through `transition`; interruptions (a stop
+that cut a job short, or an expired lease) through `interrupt` and
+`rescue_expired`, which apply the row's `on_interrupt` policy in SQL.
 """
 
 from __future__ import annotations
 
+import enum
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from mealquest.jobs.model import MESSAGE_INTERRUPTED, Job, Status
+from mealquest.jobs.model import (
+    MAX_INTERRUPTIONS,
+    MESSAGE_INTERRUPTED,
+    Job,
+    Lease,
+    OnInterrupt,
+    Status,
+)
 from mealquest.store import Transaction
 
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
-    "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at"
+    "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
+    "on_interrupt, interruptions"
 )
 
 
-@dataclass(frozen=True)
-class Lease:
-    """What fences a running job's writes."""
+class Attempt(enum.Enum):
+    """Whether the attempt that ends counts against the job's `max_attempts`."""
 
-    job_id: str
-    owner: str
-    attempt: int
+    SPEND = "spend"
+    """It counts: the job ran and ended (a retry resets the interruptions in a row)."""
+    REFUND = "refund"
+    """It does not: the job never ran, or storage, not the job, failed."""
 
 
 def insert_job(
@@ -39,86 +51,116 @@ def insert_job(
     kind: str,
     payload: str,
     max_attempts: int,
+    on_interrupt: OnInterrupt,
     now: str,
 ) -> None:
     tx.execute(
-        "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, run_at, "
-        "created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)",
-        (job_id, household_id, kind, payload, max_attempts, now, now, now),
+        "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+        "run_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
+        (job_id, household_id, kind, payload, max_attempts, str(on_interrupt), now, now, now),
     )
 
 
-def claim(tx: Transaction, *, owner: str, now: str, lease_expires_at: str, limit: int) -> list[Job]:
-    """Claim up to `limit` due queued jobs, oldest first, in one statement."""
+def _placeholders(values: Collection[object]) -> str:
+    return ", ".join("?" * len(values))
+
+
+def claim(
+    tx: Transaction,
+    *,
+    owner: str,
+    now: str,
+    lease_expires_at: str,
+    limit: int,
+    kinds: Collection[str],
+) -> list[Job]:
+    """Claim up to `limit` due queued jobs of `kinds`, oldest first, in one statement.
+
+    Only the kinds this process can run: during a rolling deploy that adds a
+    kind, older processes leave its jobs queued for the newer ones.
+    """
+    if not kinds or limit <= 0:
+        return []
     rows = tx.execute(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
         "lease_expires_at = ?, started_at = ?, updated_at = ? "
         "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
-        "ORDER BY run_at, seq LIMIT ?) "
+        f"AND kind IN ({_placeholders(kinds)}) ORDER BY run_at, seq LIMIT ?) "
         f"RETURNING {_COLUMNS}",
-        (owner, lease_expires_at, now, now, now, limit),
+        (owner, lease_expires_at, now, now, now, *kinds, limit),
     ).fetchall()
     # RETURNING gives no order; hand jobs out oldest first.
     return sorted((Job.from_row(row) for row in rows), key=lambda job: (job.run_at, job.seq))
 
 
-_FENCE = "WHERE id = ? AND status = 'running' AND lease_owner = ? AND attempt = ?"
+_FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
+
+
+def _fence(lease: Lease) -> dict[str, object]:
+    return {"job_id": lease.job_id, "owner": lease.owner, "attempt": lease.attempt}
 
 
 def publish(tx: Transaction, lease: Lease, *, result: str, now: str) -> bool:
     cursor = tx.execute(
-        f"UPDATE jobs SET result = ?, updated_at = ? {_FENCE}",
-        (result, now, lease.job_id, lease.owner, lease.attempt),
+        f"UPDATE jobs SET result = :result, updated_at = :now WHERE {_FENCE}",
+        {"result": result, "now": now, **_fence(lease)},
     )
     return cursor.rowcount == 1
 
 
 def owns(tx: Transaction, lease: Lease) -> bool:
-    row = tx.execute(
-        f"SELECT 1 FROM jobs {_FENCE}", (lease.job_id, lease.owner, lease.attempt)
-    ).fetchone()
+    row = tx.execute(f"SELECT 1 FROM jobs WHERE {_FENCE}", _fence(lease)).fetchone()
     return row is not None
 
 
-def succeed(tx: Transaction, lease: Lease, *, result: str, now: str) -> bool:
+# Every way a running job leaves `running` through its own worker: the target
+# status's columns, plus what the ending attempt does to the counters. Each
+# write clears the lease and is fenced on it.
+_TO: dict[Status, str] = {
+    Status.SUCCEEDED: "result = :result, finished_at = :now",
+    Status.FAILED: "error = :error, finished_at = :now",
+    # The partial result of the attempt that ended is not the next one's.
+    Status.QUEUED: "result = NULL, run_at = COALESCE(:run_at, run_at)",
+}
+_ATTEMPT: dict[Attempt, str] = {
+    Attempt.SPEND: "interruptions = 0",
+    Attempt.REFUND: "attempt = attempt - 1",
+}
+_CLEAR_LEASE = "lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
+
+
+def transition(
+    tx: Transaction,
+    lease: Lease,
+    *,
+    to: Status,
+    now: str,
+    attempt: Attempt = Attempt.SPEND,
+    result: str | None = None,
+    error: str | None = None,
+    run_at: str | None = None,
+) -> bool:
+    """Move the leased running job to `to`; False if the lease is no longer held.
+
+    `to=QUEUED` with `Attempt.SPEND` is a retry (at `run_at`); with
+    `Attempt.REFUND` the job goes back as if the attempt never started
+    (`run_at` None keeps its place in the queue).
+    """
+    if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
+        raise ValueError(f"no transition from running to {to} with {attempt}")
     cursor = tx.execute(
-        "UPDATE jobs SET status = 'succeeded', result = ?, lease_owner = NULL, "
-        f"lease_expires_at = NULL, updated_at = ?, finished_at = ? {_FENCE}",
-        (result, now, now, lease.job_id, lease.owner, lease.attempt),
+        f"UPDATE jobs SET status = :to, {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} "
+        f"WHERE {_FENCE}",
+        {
+            "to": str(to),
+            "now": now,
+            "result": result,
+            "error": error,
+            "run_at": run_at,
+            **_fence(lease),
+        },
     )
     return cursor.rowcount == 1
-
-
-def fail(tx: Transaction, lease: Lease, *, error: str, now: str) -> bool:
-    cursor = tx.execute(
-        "UPDATE jobs SET status = 'failed', error = ?, lease_owner = NULL, "
-        f"lease_expires_at = NULL, updated_at = ?, finished_at = ? {_FENCE}",
-        (error, now, now, lease.job_id, lease.owner, lease.attempt),
-    )
-    return cursor.rowcount == 1
-
-
-def retry(tx: Transaction, lease: Lease, *, run_at: str, now: str) -> bool:
-    """Put a running job back in the queue for its next attempt, its result cleared."""
-    cursor = tx.execute(
-        "UPDATE jobs SET status = 'queued', result = NULL, lease_owner = NULL, "
-        f"lease_expires_at = NULL, run_at = ?, updated_at = ? {_FENCE}",
-        (run_at, now, lease.job_id, lease.owner, lease.attempt),
-    )
-    return cursor.rowcount == 1
-
-
-def unclaim(tx: Transaction, leases: Iterable[Lease], *, now: str) -> int:
-    """Put claimed jobs that never started back in the queue, their attempt not spent."""
-    unclaimed = 0
-    for lease in leases:
-        cursor = tx.execute(
-            "UPDATE jobs SET status = 'queued', attempt = attempt - 1, lease_owner = NULL, "
-            f"lease_expires_at = NULL, updated_at = ? {_FENCE}",
-            (now, lease.job_id, lease.owner, lease.attempt),
-        )
-        unclaimed += cursor.rowcount
-    return unclaimed
 
 
 def renew_leases(
@@ -126,25 +168,39 @@ def renew_leases(
 ) -> set[tuple[str, int]]:
     """Extend the given leases where still held; returns the (id, attempt) renewed.
 
-    Only leases the process names: a job whose outcome could not be recorded
-    drops out of the heartbeat, so its lease expires and the rescuer takes it.
+    Only leases the process names: a job the heartbeat leaves out (its handler
+    past its timeout, or its outcome given up on) expires and is rescued.
     """
     renewed = set()
     for lease in leases:
         cursor = tx.execute(
-            f"UPDATE jobs SET lease_expires_at = ? {_FENCE}",
-            (lease_expires_at, lease.job_id, lease.owner, lease.attempt),
+            f"UPDATE jobs SET lease_expires_at = :lease_expires_at WHERE {_FENCE}",
+            {"lease_expires_at": lease_expires_at, **_fence(lease)},
         )
         if cursor.rowcount == 1:
             renewed.add((lease.job_id, lease.attempt))
     return renewed
 
 
-def has_due_job(conn: sqlite3.Connection, now: str) -> bool:
+def has_due_job(conn: sqlite3.Connection, now: str, kinds: Collection[str]) -> bool:
+    if not kinds:
+        return False
     row = conn.execute(
-        "SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= ? LIMIT 1", (now,)
+        "SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= ? "
+        f"AND kind IN ({_placeholders(kinds)}) LIMIT 1",
+        (now, *kinds),
     ).fetchone()
     return row is not None
+
+
+def queued_of_other_kinds(conn: sqlite3.Connection, kinds: Collection[str]) -> dict[str, int]:
+    """Queued jobs by kind, for the kinds not in `kinds` (no handler here)."""
+    rows = conn.execute(
+        "SELECT kind, count(*) AS waiting FROM jobs WHERE status = 'queued' "
+        f"AND kind NOT IN ({_placeholders(kinds)}) GROUP BY kind ORDER BY kind",
+        tuple(kinds),
+    ).fetchall()
+    return {row["kind"]: row["waiting"] for row in rows}
 
 
 @dataclass(frozen=True)
@@ -154,45 +210,66 @@ class Recovered:
     requeued: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
 
+    def __add__(self, other: Recovered) -> Recovered:
+        return Recovered(self.requeued + other.requeued, self.failed + other.failed)
 
-def _recover(tx: Transaction, condition: str, params: tuple, now: str) -> Recovered:
-    # Attempts left: back to the queue at once, keeping its run_at so it keeps
-    # its place among the oldest (the worker died, not the job); none left:
-    # failed as interrupted.
-    requeued = tx.execute(
-        "UPDATE jobs SET status = 'queued', result = NULL, lease_owner = NULL, "
-        "lease_expires_at = NULL, updated_at = ? "
-        f"WHERE status = 'running' AND attempt < max_attempts AND {condition} RETURNING id",
-        (now, *params),
+
+# The interruption policy, in SQL so that one statement applies it to any
+# number of rows, whatever their kinds (UPDATE's expressions all read the row
+# as it was before the statement).
+_REQUEUES = f"(on_interrupt = 'requeue' AND interruptions + 1 < {MAX_INTERRUPTIONS})"
+_INTERRUPT = (
+    f"status = CASE WHEN {_REQUEUES} THEN 'queued' ELSE 'failed' END, "
+    f"attempt = CASE WHEN {_REQUEUES} THEN attempt - 1 ELSE attempt END, "
+    f"result = CASE WHEN {_REQUEUES} THEN NULL ELSE result END, "
+    f"error = CASE WHEN {_REQUEUES} THEN NULL ELSE :interrupted END, "
+    f"finished_at = CASE WHEN {_REQUEUES} THEN NULL ELSE :now END, "
+    f"interruptions = interruptions + 1, {_CLEAR_LEASE}"
+)
+
+
+def _interrupt(tx: Transaction, condition: str, params: dict[str, object]) -> Recovered:
+    # A re-queued job keeps its run_at, and so its place among the oldest:
+    # its process stopped, not the job.
+    rows = tx.execute(
+        f"UPDATE jobs SET {_INTERRUPT} WHERE status = 'running' AND {condition} "
+        "RETURNING id, status",
+        {"interrupted": MESSAGE_INTERRUPTED, **params},
     ).fetchall()
-    failed = tx.execute(
-        "UPDATE jobs SET status = 'failed', error = ?, lease_owner = NULL, "
-        "lease_expires_at = NULL, updated_at = ?, finished_at = ? "
-        f"WHERE status = 'running' AND {condition} RETURNING id",
-        (MESSAGE_INTERRUPTED, now, now, *params),
-    ).fetchall()
-    return Recovered(tuple(r["id"] for r in requeued), tuple(r["id"] for r in failed))
+    return Recovered(
+        tuple(row["id"] for row in rows if row["status"] == Status.QUEUED),
+        tuple(row["id"] for row in rows if row["status"] == Status.FAILED),
+    )
 
 
-def rescue_expired(tx: Transaction, *, now: str) -> Recovered:
-    """Recover every running job whose lease expired before `now`, whoever held it."""
-    return _recover(tx, "lease_expires_at < ?", (now,), now)
-
-
-def release(tx: Transaction, leases: Iterable[Lease], *, now: str) -> Recovered:
-    """Recover jobs a stopping worker had to stop (fenced on their leases)."""
-    requeued: list[str] = []
-    failed: list[str] = []
+def interrupt(tx: Transaction, leases: Iterable[Lease], *, now: str) -> Recovered:
+    """Record jobs a stopping worker cut short (fenced on their leases)."""
+    recovered = Recovered()
     for lease in leases:
-        recovered = _recover(
-            tx,
-            "id = ? AND lease_owner = ? AND attempt = ?",
-            (lease.job_id, lease.owner, lease.attempt),
-            now,
+        recovered += _interrupt(tx, _FENCE, {"now": now, **_fence(lease)})
+    return recovered
+
+
+def rescue_expired(tx: Transaction, *, now: str, keep: Collection[Lease] = ()) -> Recovered:
+    """Interrupt every running job whose lease expired before `now`, whoever held it,
+    except `keep`: the caller's own jobs whose handlers are still alive (their
+    process deals with them; re-queueing them would start a second attempt
+    beside the live one)."""
+    condition = "lease_expires_at < :now"
+    params: dict[str, object] = {"now": now}
+    for index, lease in enumerate(keep):
+        condition += (
+            f" AND NOT (id = :keep_id{index} AND lease_owner = :keep_owner{index} "
+            f"AND attempt = :keep_attempt{index})"
         )
-        requeued += recovered.requeued
-        failed += recovered.failed
-    return Recovered(tuple(requeued), tuple(failed))
+        params.update(
+            {
+                f"keep_id{index}": lease.job_id,
+                f"keep_owner{index}": lease.owner,
+                f"keep_attempt{index}": lease.attempt,
+            }
+        )
+    return _interrupt(tx, condition, params)
 
 
 def get_job(conn: sqlite3.Connection, job_id: str, household_id: int | None = None) -> Job | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from marshmallow import RAISE, Schema, ValidationError
 
 from mealquest.jobs.errors import RegistrationError
+from mealquest.jobs.model import OnInterrupt
 
 if TYPE_CHECKING:
     from mealquest.jobs.runner import JobContext
@@ -41,15 +42,32 @@ class Backoff:
 
 @dataclass(frozen=True)
 class KindOptions:
+    """How the runner treats a kind's jobs.
+
+    `on_interrupt` is what a stop that cuts a job short, or its process's
+    death, does to it (see `OnInterrupt`); None picks the default: `requeue`
+    when `max_attempts` is above 1 (the author said a re-run is safe), else
+    `fail` (at most once, as a job of one attempt promises).
+    """
+
     max_attempts: int = 1
     backoff: Backoff = field(default_factory=Backoff)
     timeout_seconds: float = 600.0
+    on_interrupt: OnInterrupt | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise RegistrationError("max_attempts must be at least 1")
         if self.timeout_seconds <= 0:
             raise RegistrationError("timeout_seconds must be positive")
+        if self.on_interrupt is not None and not isinstance(self.on_interrupt, OnInterrupt):
+            raise RegistrationError("on_interrupt must be an OnInterrupt or None")
+
+    @property
+    def interrupt_policy(self) -> OnInterrupt:
+        if self.on_interrupt is not None:
+            return self.on_interrupt
+        return OnInterrupt.REQUEUE if self.max_attempts > 1 else OnInterrupt.FAIL
 
 
 def _schema(schema: Schema | type[Schema]) -> Schema:
@@ -139,6 +157,10 @@ class Registry:
 
     def get(self, name: str) -> Kind | None:
         return self._kinds.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """The kinds registered, the only ones this process's pool claims."""
+        return tuple(self._kinds)
 
     def close(self) -> None:
         self._closed = True

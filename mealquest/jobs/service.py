@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask
@@ -61,6 +61,7 @@ class JobService:
                 kind=kind_name,
                 payload=payload_json,
                 max_attempts=kind.options.max_attempts,
+                on_interrupt=kind.options.interrupt_policy,
                 now=to_text(utc_now()),
             )
             tx.after_commit(self._wake_pool)
@@ -98,12 +99,16 @@ class JobService:
             )
         )
 
-    def start_pool(self) -> Pool:
-        """Start this process's pool (once). Refuses a database behind the migrations."""
+    def start_pool(self, on_fatal: Callable[[str], None] | None = None) -> Pool:
+        """Start this process's pool (once). Refuses a database behind the migrations.
+
+        `on_fatal(reason)` is called (once) when the pool cannot go on, to have
+        the process stopped gracefully and replaced.
+        """
         if self.pool is not None:
             raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
         self.store.read(migrations.require_current_of, migrations.discover())
-        pool = Pool(self.store, self.registry, self.settings)
+        pool = Pool(self.store, self.registry, self.settings, on_fatal=on_fatal)
         pool.start()
         self.pool = pool
         return pool

@@ -1,0 +1,154 @@
+"""The completer: writes the outcomes of jobs that finish together in one transaction.
+
+Each outcome is still fenced on its own lease. The same transaction claims
+the next jobs for the slots those outcomes free (measured: a separate claim
+after each batch was a second hop to the writer thread and a second commit
+for the same handful of jobs). A worker waits until its outcome is
+committed, so its slot frees only once the outcome is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gevent
+from gevent.event import AsyncResult, Event
+
+from mealquest.clock import to_text, utc_now
+from mealquest.jobs import queries
+from mealquest.jobs.executor import Executor, Outcome
+from mealquest.jobs.model import Job
+from mealquest.jobs.queries import Lease
+from mealquest.store import Store, StoreUnavailable, Transaction
+
+logger = logging.getLogger(__name__)
+
+# An outcome the database refused for a while is tried again after this, doubling.
+_RETRY_FIRST_SECONDS = 0.1
+_RETRY_MAX_SECONDS = 5.0
+
+
+@dataclass
+class _Pending:
+    """An outcome waiting for the completer; `recorded` gets whether the fenced
+    write matched the job (or the write's exception)."""
+
+    lease: Lease
+    outcome: Outcome
+    recorded: AsyncResult = field(default_factory=AsyncResult)
+
+
+@dataclass(frozen=True)
+class NextClaim:
+    """What the completer's transaction claims for the slots it frees, and what
+    becomes of the jobs it claimed."""
+
+    values: dict[str, Any]
+    hand_out: Callable[[list[Job], float], None]
+
+
+def _write_batch(
+    tx: Transaction, batch: list[_Pending], now: str, claim: dict[str, Any] | None
+) -> tuple[list[bool], list[Job]]:
+    """The completer's transaction. Runs in the writer thread: no gevent objects."""
+    recorded = [pending.outcome.write(tx, pending.lease, now) for pending in batch]
+    return recorded, queries.claim(tx, **claim) if claim else []
+
+
+class Completer:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        next_claim: Callable[[int], NextClaim | None],
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        # Given the number of slots a batch frees, what to claim for them (None: nothing).
+        self._next_claim = next_claim
+        self._pending: list[_Pending] = []
+        self._waiting = Event()
+
+    def record(self, lease: Lease, outcome: Outcome, extra: dict[str, Any]) -> bool:
+        """Write a final (fenced) outcome and wait for its commit; whether it matched.
+
+        A database that stays unavailable past the deadline (a long lock, a
+        full disk) does not cost a finished job its outcome: the write is
+        tried again with backoff while the job stays running here, so the
+        heartbeat keeps its lease, and the fence makes a repeated write
+        harmless. A write that matches no row means the job is no longer
+        ours: logged, not retried.
+        """
+        delay = _RETRY_FIRST_SECONDS
+        while True:
+            pending = _Pending(lease, outcome)
+            self._pending.append(pending)
+            self._waiting.set()
+            try:
+                recorded = pending.recorded.get()
+            except StoreUnavailable:
+                logger.warning(
+                    "database unavailable while recording the job's outcome; trying again in %.1fs",
+                    delay,
+                    extra=extra,
+                )
+                gevent.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX_SECONDS)
+                continue
+            except Exception:
+                logger.exception(
+                    "recording the job's outcome failed; its lease will expire", extra=extra
+                )
+                return False
+            if not recorded:
+                logger.warning("job was no longer ours when its outcome was recorded", extra=extra)
+            return recorded
+
+    def run(self) -> None:
+        """Records every waiting outcome in one write, then the next batch; forever."""
+        while True:
+            self._waiting.wait()
+            self._waiting.clear()
+            batch, self._pending = self._pending, []
+            if batch:
+                self._record_batch(batch)
+
+    def _record_batch(self, batch: list[_Pending]) -> None:
+        running = self.executor.running
+        finishing = sum(
+            1
+            for pending in batch
+            if (entry := running.get(pending.lease)) is not None and entry.recording
+        )
+        limit = max(0, self.executor.free_slots() + finishing)
+        claim = self._next_claim(limit) if limit else None
+        claim_values = claim.values if claim else None
+        claimed_at = time.monotonic()
+        with self.executor.reserving(limit if claim else 0):
+            try:
+                recorded, jobs = self.store.write(
+                    _write_batch, batch, to_text(utc_now()), claim_values
+                )
+            except StoreUnavailable as error:
+                # The database, not one outcome: splitting would only wait again per job.
+                for pending in batch:
+                    pending.recorded.set_exception(error)
+                return
+            except Exception as error:
+                if len(batch) == 1:
+                    batch[0].recorded.set_exception(error)
+                    return
+                # One outcome's failure must not cost the others theirs: one by one.
+                for pending in batch:
+                    self._record_batch([pending])
+                return
+            for pending, matched in zip(batch, recorded, strict=True):
+                pending.recorded.set(matched)
+            # Still reserved: starting may wait for the finishing greenlets to
+            # leave their slots, and the producer must not claim these meanwhile.
+            if claim is not None:
+                claim.hand_out(jobs, claimed_at)

@@ -1,0 +1,349 @@
+"""The executor: runs each claimed job's handler in its own greenlet, in a fixed
+number of slots, and decides how the attempt ended.
+
+A slot is a place in a `gevent.pool.Pool`: it frees only when the job's
+greenlet is dead, so a handler that will not die keeps its slot (and the
+watchdog restarts the process) instead of running beside the job's next
+attempt. Outcomes are written by the completer; the executor only decides
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+import gevent
+import gevent.pool
+from gevent.event import Event
+from gevent.greenlet import Greenlet
+from marshmallow import ValidationError
+
+from mealquest.clock import seconds, to_text, utc_now
+from mealquest.jobs import queries
+from mealquest.jobs.errors import LeaseLost, PoolStopping
+from mealquest.jobs.model import MESSAGE_INTERNAL, MESSAGE_TIMED_OUT, Failure, Job, Status
+from mealquest.jobs.queries import Attempt, Lease
+from mealquest.jobs.registry import Kind, Registry
+from mealquest.jobs.settings import PoolSettings
+from mealquest.store import Store, StoreUnavailable, Transaction
+
+if TYPE_CHECKING:
+    from mealquest.jobs.completer import Completer
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+# `Running.taken` of the jobs a stopping pool cut short.
+STOPPING = "stopping"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: the state change its worker writes, fenced on the lease."""
+
+    to: Status
+    attempt: Attempt = Attempt.SPEND
+    result: str | None = None
+    error: str | None = None
+    run_at: str | None = None
+
+    def write(self, tx: Transaction, lease: Lease, now: str) -> bool:
+        return queries.transition(
+            tx,
+            lease,
+            to=self.to,
+            now=now,
+            attempt=self.attempt,
+            result=self.result,
+            error=self.error,
+            run_at=self.run_at,
+        )
+
+
+def failed(error: str) -> Outcome:
+    return Outcome(Status.FAILED, error=error)
+
+
+@dataclass(eq=False)
+class Running:
+    """A job this process runs, from its claim until its greenlet is dead.
+
+    Times are monotonic. `deadline` is when the kind's timeout ends the
+    handler; `lease_deadline` when the lease expires as far as this process
+    knows (the claim's or the last renewal's start plus the lease).
+    """
+
+    job: Job
+    lease: Lease
+    deadline: float
+    lease_deadline: float
+    greenlet: Greenlet | None = None
+    # The handler returned or raised; its outcome is being written.
+    recording: bool = False
+    # Why the pool took the job from its handler (stop, lost lease), and when:
+    # the handler was killed and the pool, not the handler, records the job.
+    taken: str | None = None
+    taken_at: float = 0.0
+    # The pool gave up on a handler that would not die: nothing renews,
+    # records or waits for this job any more.
+    abandoned: bool = False
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return {"job_id": self.job.id, "kind": self.job.kind, "attempt": self.job.attempt}
+
+    def alive(self) -> bool:
+        return self.greenlet is not None and not self.greenlet.dead
+
+
+class JobContext:
+    """What a handler gets besides its payload: who it is, and fenced writes."""
+
+    def __init__(self, store: Store, kind: Kind, entry: Running) -> None:
+        job = entry.job
+        self.job_id = job.id
+        self.household_id = job.household_id
+        self.kind = job.kind
+        self.attempt = job.attempt
+        self.max_attempts = job.max_attempts
+        self._store = store
+        self._kind = kind
+        self._lease = entry.lease
+
+    def publish(self, partial: Any) -> None:
+        """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
+        encoded = self._kind.encode_partial(partial)
+        published = self._store.write(
+            queries.publish, self._lease, result=encoded, now=to_text(utc_now())
+        )
+        if not published:
+            raise LeaseLost(LeaseLost.__doc__)
+
+    def write(
+        self, fn: Callable[Concatenate[Transaction, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run `fn(tx, ...)` in a write transaction that commits only while this
+        worker still holds the job's lease, so a rescued job's old worker cannot
+        write domain rows behind the new one.
+
+        `fn` runs in the store's native writer thread: SQL only, no gevent
+        calls, no I/O, nothing slow (every other write of the process waits).
+        """
+
+        def fenced(tx: Transaction) -> T:
+            if not queries.owns(tx, self._lease):
+                raise LeaseLost(LeaseLost.__doc__)
+            return fn(tx, *args, **kwargs)
+
+        return self._store.write(fenced)
+
+
+class Executor:
+    """Runs handlers in `settings.workers` slots and hands their outcomes to the completer."""
+
+    def __init__(
+        self, store: Store, registry: Registry, settings: PoolSettings, owner: str
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.owner = owner
+        self.completer: Completer | None = None  # set by the pool before any job starts
+        # By lease: a job taken from a handler that has not died yet may be
+        # claimed again here under a new lease.
+        self.running: dict[Lease, Running] = {}
+        self.slot_freed = Event()
+        self._slots = gevent.pool.Pool(settings.workers)
+        # Slots a claim in flight (the producer's or the completer's) may fill.
+        self._reserved = 0
+
+    # -- slots ------------------------------------------------------------------
+
+    def free_slots(self) -> int:
+        """Slots neither running a greenlet nor reserved by a claim in flight."""
+        return self._slots.free_count() - self._reserved
+
+    @contextmanager
+    def reserving(self, slots: int) -> Iterator[None]:
+        self._reserved += slots
+        try:
+            yield
+        finally:
+            self._reserved -= slots
+
+    def greenlets(self) -> list[Greenlet]:
+        return list(self._slots)
+
+    def job_of(self, greenlet: object) -> Running | None:
+        """The job a greenlet runs (for the hub monitor, from its own thread: reads only)."""
+        for entry in list(self.running.values()):
+            if entry.greenlet is greenlet:
+                return entry
+        return None
+
+    # -- running ----------------------------------------------------------------
+
+    def start(self, jobs: list[Job], lease_deadline: float) -> None:
+        """Run claimed jobs, each in a slot of its own (reserved by the claim)."""
+        for job in jobs:
+            kind = self.registry.get(job.kind)
+            timeout = kind.options.timeout_seconds if kind else 0.0
+            entry = Running(
+                job,
+                job.lease,
+                deadline=time.monotonic() + timeout,
+                lease_deadline=lease_deadline,
+            )
+            self.running[entry.lease] = entry
+            greenlet = Greenlet(self._execute, entry)
+            entry.greenlet = greenlet
+            greenlet.rawlink(lambda _, entry=entry: self._ended(entry))
+            self._slots.start(greenlet)
+
+    def take(self, entry: Running, reason: str, exception: type[BaseException]) -> None:
+        """Take a job from its handler: the handler is killed (without waiting)
+        and the pool, not the handler, records the job."""
+        if entry.taken is not None or entry.abandoned:
+            return
+        entry.taken = reason
+        entry.taken_at = time.monotonic()
+        if entry.alive():
+            assert entry.greenlet is not None
+            entry.greenlet.kill(exception, block=False)
+
+    def _ended(self, entry: Running) -> None:
+        if self.running.get(entry.lease) is entry:
+            del self.running[entry.lease]
+        self.slot_freed.set()
+
+    def _execute(self, entry: Running) -> None:
+        extra = entry.extra
+        if not self._earlier_attempts_ended(entry):
+            logger.error("an earlier attempt's handler is still alive; job put back", extra=extra)
+            outcome = Outcome(Status.QUEUED, Attempt.REFUND)
+            entry.recording = True
+            assert self.completer is not None
+            self.completer.record(entry.lease, outcome, extra)
+            return
+        try:
+            outcome = self._attempt(entry)
+        except LeaseLost:
+            logger.warning("job lost its lease; its outcome is not recorded", extra=extra)
+            return
+        except PoolStopping:
+            return  # the stopping pool records the job
+        if entry.taken is not None or entry.abandoned:
+            # The handler swallowed the pool's kill and returned: whoever took
+            # the job records it.
+            logger.warning("handler ended after its job was taken (%s)", entry.taken, extra=extra)
+            return
+        entry.recording = True
+        assert self.completer is not None
+        if not self.completer.record(entry.lease, outcome, extra):
+            return
+        if outcome.to is Status.SUCCEEDED:
+            logger.info("job succeeded", extra=extra)
+        elif outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
+            logger.info("job re-queued for attempt %d", entry.job.attempt + 1, extra=extra)
+        elif outcome.to is Status.QUEUED:
+            logger.warning("job re-queued, its attempt not spent", extra=extra)
+
+    def _earlier_attempts_ended(self, entry: Running) -> bool:
+        """Whether no earlier claim of the same job still runs a handler here.
+
+        That happens only when another process took the job's lease (its clock
+        ran ahead, or this process froze) and this process claimed the job
+        again before its heartbeat noticed: the earlier handler is stopped and
+        this attempt waits for it to die, or does not run at all.
+        """
+        earlier = [
+            other
+            for other in list(self.running.values())
+            if other.job.id == entry.job.id and other is not entry and other.alive()
+        ]
+        for other in earlier:
+            logger.warning("job lost its lease; stopping its handler", extra=other.extra)
+            self.take(other, "lease lost", LeaseLost)
+        gevent.joinall(
+            [other.greenlet for other in earlier if other.greenlet],
+            timeout=self.settings.kill_grace_seconds,
+        )
+        return not any(other.alive() for other in earlier)
+
+    def _attempt(self, entry: Running) -> Outcome:
+        """Run the handler once and say how the attempt ended (nothing written here)."""
+        job, extra = entry.job, entry.extra
+        kind = self.registry.get(job.kind)
+        if kind is None:  # never claimed: the claim names the registered kinds
+            raise RuntimeError(f"claimed a job of an unregistered kind {job.kind!r}")
+        if job.result_undecodable:
+            logger.error("stored result of the job is not JSON", extra=extra)
+            return failed(MESSAGE_INTERNAL)
+        try:
+            payload = kind.load_payload(job.payload)
+        except (TypeError, ValueError, ValidationError) as error:
+            fields = sorted(error.messages) if isinstance(error, ValidationError) else []
+            logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
+            return failed(MESSAGE_INTERNAL)
+        context = JobContext(self.store, kind, entry)
+        timeout = kind.options.timeout_seconds
+        timer = gevent.Timeout(timeout)
+        entry.deadline = time.monotonic() + timeout
+        ended: BaseException | None = None
+        value: Any = None
+        timer.start()
+        try:
+            value = kind.handler(payload, context)
+        except (Exception, gevent.Timeout) as error:
+            ended = error
+        finally:
+            timer.close()
+        if ended is timer or time.monotonic() >= entry.deadline:
+            # Past its timeout, however it ended: a handler that caught the
+            # timeout and returned (or failed) anyway is still timed out.
+            if ended is not timer:
+                logger.error("handler ignored its timeout", extra=extra)
+            else:
+                logger.warning("job timed out", extra=extra)
+            return self._retry_or_fail(job, kind, MESSAGE_TIMED_OUT)
+        if isinstance(ended, Failure):
+            logger.info("job failed: %s", ended.message, extra=extra)
+            return failed(ended.message)
+        if isinstance(ended, StoreUnavailable):
+            # The database, not the job: another attempt is owed, not spent.
+            logger.warning("job stopped by a storage fault; re-queued", extra=extra)
+            run_at = utc_now() + seconds(kind.options.backoff.delay(1))
+            return Outcome(Status.QUEUED, Attempt.REFUND, run_at=to_text(run_at))
+        if ended is not None:
+            return self._unexpected_error(job, kind, extra, ended)
+        try:
+            return Outcome(Status.SUCCEEDED, result=kind.encode_result(value))
+        except (TypeError, ValueError, ValidationError):
+            # A handler's bug: another attempt would only repeat its side effects.
+            logger.error("handler's result does not match its schema", extra=extra)
+            return failed(MESSAGE_INTERNAL)
+
+    def _unexpected_error(
+        self, job: Job, kind: Kind, extra: dict[str, Any], error: BaseException
+    ) -> Outcome:
+        if job.attempt < job.max_attempts:
+            # Below ERROR only the type: the text may quote a URL or a token.
+            logger.warning("job attempt failed (%s)", type(error).__name__, extra=extra)
+        else:
+            logger.error("job failed", exc_info=error, extra=extra)
+        return self._retry_or_fail(job, kind, MESSAGE_INTERNAL)
+
+    @staticmethod
+    def _retry_or_fail(job: Job, kind: Kind, message: str) -> Outcome:
+        if job.attempt < job.max_attempts:
+            run_at: datetime = utc_now() + seconds(kind.options.backoff.delay(job.attempt))
+            return Outcome(Status.QUEUED, run_at=to_text(run_at))
+        return failed(message)

@@ -1,0 +1,147 @@
+"""The producer: claims due jobs for the executor's free slots.
+
+It claims as many due jobs of the registered kinds as there are free slots,
+in one `UPDATE ... RETURNING` statement. Idle, it wakes on an enqueue in this
+process, on a commit by another process (`PRAGMA data_version`, checked
+every few milliseconds, then a cheap look for a due job), on a slot freed
+after a full claim, or on the poll interval, which is the guarantee.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+from gevent.event import Event
+
+from mealquest.clock import seconds, to_text, utc_now
+from mealquest.jobs import queries
+from mealquest.jobs.completer import NextClaim
+from mealquest.jobs.executor import Executor
+from mealquest.jobs.model import Job, Status
+from mealquest.jobs.queries import Attempt
+from mealquest.jobs.registry import Registry
+from mealquest.jobs.settings import PoolSettings
+from mealquest.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class Producer:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        settings: PoolSettings,
+        owner: str,
+        executor: Executor,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.owner = owner
+        self.executor = executor
+        self.stopping = Event()
+        self._wake = Event()
+        self._claims = itertools.count(1)
+
+    def wake(self) -> None:
+        """Tell an idle producer that this process enqueued a job (greenlet code only)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Claim nothing more; jobs a claim in flight returns go back to the queue."""
+        self.stopping.set()
+        self._wake.set()
+        self.executor.slot_freed.set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            free = self.executor.free_slots()
+            if free <= 0:
+                self.executor.slot_freed.wait()
+                self.executor.slot_freed.clear()
+                continue
+            self._wake.clear()
+            try:
+                jobs = self.claim(free)
+            except Exception:
+                logger.exception("claiming jobs failed; trying again after the poll interval")
+                self.stopping.wait(self.settings.poll_seconds)
+                continue
+            if len(jobs) < free:
+                self._wait_for_work()
+
+    def claim(self, limit: int) -> list[Job]:
+        """Claim up to `limit` due jobs and start running them."""
+        claimed_at = time.monotonic()
+        with self.executor.reserving(limit):
+            jobs = self.store.write(queries.claim, **self.claim_values(limit))
+            self.hand_out(jobs, claimed_at)
+        return jobs
+
+    def claim_values(self, limit: int) -> dict[str, Any]:
+        now = utc_now()
+        return {
+            # Every claim fences its jobs with a token of its own, so an
+            # attempt whose refund gave the next claim the same attempt number
+            # still cannot be written by the earlier claim's handler.
+            "owner": f"{self.owner}.{next(self._claims)}",
+            "now": to_text(now),
+            "lease_expires_at": to_text(now + seconds(self.settings.lease_seconds)),
+            "limit": limit,
+            "kinds": self.registry.names(),
+        }
+
+    def next_claim(self, limit: int) -> NextClaim | None:
+        """What the completer claims for the slots a batch frees (nothing once stopping)."""
+        if self.stopping.is_set():
+            return None
+        return NextClaim(self.claim_values(limit), self.hand_out)
+
+    def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
+        if jobs and self.stopping.is_set():
+            # Claimed by a write in flight when the stop began (the
+            # completer's): the stop may already have counted what it waits
+            # for, so these never start; they go back to the queue as they were.
+            self._unclaim(jobs)
+            return
+        self.executor.start(jobs, lease_deadline=claimed_at + self.settings.lease_seconds)
+
+    def _unclaim(self, jobs: list[Job]) -> None:
+        leases = [job.lease for job in jobs]
+        now = to_text(utc_now())
+
+        def unclaim(tx: Any) -> None:
+            for lease in leases:
+                queries.transition(tx, lease, to=Status.QUEUED, now=now, attempt=Attempt.REFUND)
+
+        try:
+            self.store.write(unclaim)
+        except Exception:
+            logger.exception("could not put back jobs claimed while stopping; leases will expire")
+
+    def _wait_for_work(self) -> None:
+        """Idle until woken, another process commits something due, or the poll interval."""
+        deadline = time.monotonic() + self.settings.poll_seconds
+        kinds = self.registry.names()
+        try:
+            version = self.store.data_version()
+            while not self.stopping.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                if self._wake.wait(min(self.settings.change_check_seconds, remaining)):
+                    return
+                current = self.store.data_version()
+                if current == version:
+                    continue
+                version = current
+                # Something committed (maybe only a heartbeat): claim only if a job is due.
+                if self.store.read(queries.has_due_job, to_text(utc_now()), kinds):
+                    return
+        except Exception:
+            logger.exception("checking for new jobs failed; waiting for the poll")
+            self._wake.wait(max(deadline - time.monotonic(), 0))

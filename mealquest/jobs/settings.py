@@ -1,0 +1,75 @@
+"""The pool's timings, read once from the app's configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How one process's pool runs.
+
+    `kill_grace_seconds` is how long a handler stopped by its timeout, a lost
+    lease or a stopping pool has to die before the pool calls it hung: the
+    job is then recorded without waiting for it and the process restarts.
+    `max_blocking_seconds` is how long a handler may hold the event loop
+    before the hub monitor names it in the log (0: no monitor).
+    """
+
+    workers: int = 4
+    poll_seconds: float = 1.0
+    change_check_seconds: float = 0.005
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    rescue_seconds: float = 15.0
+    kill_grace_seconds: float = 5.0
+    unhandled_report_seconds: float = 60.0
+    max_blocking_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("a pool needs at least 1 worker")
+        intervals = (
+            self.poll_seconds,
+            self.change_check_seconds,
+            self.lease_seconds,
+            self.heartbeat_seconds,
+            self.rescue_seconds,
+            self.kill_grace_seconds,
+            self.unhandled_report_seconds,
+        )
+        if min(intervals) <= 0:
+            raise ValueError("pool intervals and the lease must be positive")
+        if self.max_blocking_seconds < 0:
+            raise ValueError("max_blocking_seconds must be 0 (off) or positive")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("heartbeats must come more often than the lease lasts")
+
+    @property
+    def watchdog_seconds(self) -> float:
+        """How often the watchdog looks at running handlers: often enough to act
+        on a hung handler or a failing lease before its lease can expire."""
+        return min(self.kill_grace_seconds, self.lease_seconds - self.heartbeat_seconds) / 2
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> PoolSettings:
+        defaults = cls()
+        return cls(
+            workers=int(config["JOB_WORKERS"]),
+            poll_seconds=float(config["JOB_POLL_SECONDS"]),
+            change_check_seconds=float(config["JOB_CHANGE_CHECK_SECONDS"]),
+            lease_seconds=float(config["JOB_LEASE_SECONDS"]),
+            heartbeat_seconds=float(config["JOB_HEARTBEAT_SECONDS"]),
+            rescue_seconds=float(config["JOB_RESCUE_SECONDS"]),
+            kill_grace_seconds=float(
+                config.get("JOB_KILL_GRACE_SECONDS", defaults.kill_grace_seconds)
+            ),
+            unhandled_report_seconds=float(
+                config.get("JOB_UNHANDLED_REPORT_SECONDS", defaults.unhandled_report_seconds)
+            ),
+            max_blocking_seconds=float(
+                config.get("JOB_MAX_BLOCKING_SECONDS", defaults.max_blocking_seconds)
+            ),
+        )

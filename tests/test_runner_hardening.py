@@ -1,0 +1,497 @@
+"""The runner against hostile handlers, lost leases, interruptions and bad rows.
+
+Jobs that must stay running wait on gates the test opens (gevent events: the
+pool runs in the test's process), never on a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import gevent
+import pytest
+from gevent.event import Event
+from marshmallow import Schema, fields
+
+from mealquest import migrations
+from mealquest.clock import to_text, utc_now
+from mealquest.extensions import get_jobs
+from mealquest.jobs import queries
+from mealquest.jobs.maintenance import Rescuer
+from mealquest.jobs.model import MAX_INTERRUPTIONS, OnInterrupt, Status
+from mealquest.jobs.registry import Backoff, KindOptions
+from mealquest.jobs.runner import JobContext
+from mealquest.jobs.service import JobService
+from tests.conftest import wait_for
+from tests.support.kinds import EmptySchema, ValueSchema
+
+QUICK_RETRY = Backoff(base_seconds=0.01, factor=1.0, max_seconds=0.01, jitter=0.0)
+
+
+class GateSchema(Schema):
+    gate = fields.String(required=True)
+
+
+class Gates:
+    """Events the test kinds wait on, and what happened to their handlers, in order."""
+
+    def __init__(self) -> None:
+        self.events: defaultdict[str, Event] = defaultdict(Event)
+        self.log: list[tuple[str, str, int]] = []
+
+    def open(self, gate: str) -> None:
+        self.events[gate].set()
+
+    def seen(self, what: str, gate: str) -> list[tuple[str, str, int]]:
+        return [entry for entry in self.log if entry[:2] == (what, gate)]
+
+
+def register_hostile_kinds(service: JobService, gates: Gates) -> None:
+    """Handlers that hold, ignore their timeout or stop, block the hub, or meet a locked store."""
+
+    def held(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        gate = payload["gate"]
+        gates.log.append(("start", gate, ctx.attempt))
+        try:
+            gates.events[gate].wait()
+        except BaseException as stop:
+            gates.log.append((f"stopped by {type(stop).__name__}", gate, ctx.attempt))
+            raise
+        gates.log.append(("end", gate, ctx.attempt))
+        return {}
+
+    def stubborn(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        """Swallows every kill (a timeout, a stop, a lost lease) until its gate opens."""
+        gate = payload["gate"]
+        gates.log.append(("start", gate, ctx.attempt))
+        while not gates.events[gate].is_set():
+            try:
+                gates.events[gate].wait()
+            except BaseException as stop:
+                gates.log.append((f"ignored {type(stop).__name__}", gate, ctx.attempt))
+        gates.log.append(("end", gate, ctx.attempt))
+        return {}
+
+    def returns_after_its_timeout(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        with contextlib.suppress(BaseException):
+            gates.events[payload["gate"]].wait()
+        return {"value": 1}
+
+    def blocks_the_hub(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        # The test process is not monkey-patched: this sleep holds the hub.
+        time.sleep(0.6)
+        return {}
+
+    def writes_after_its_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        gates.log.append(("start", payload["gate"], ctx.attempt))
+        gates.events[payload["gate"]].wait()
+        ctx.write(lambda tx: tx.execute("UPDATE households SET name = name WHERE id = 0"))
+        return {}
+
+    def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        return {"value": "not a number"}
+
+    register = service.registry.register
+    retried = KindOptions(max_attempts=3, backoff=QUICK_RETRY)
+    register("held", held, payload=GateSchema, result=EmptySchema, options=retried)
+    register("held_once", held, payload=GateSchema, result=EmptySchema)
+    register(
+        "stubborn",
+        stubborn,
+        payload=GateSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=3, backoff=QUICK_RETRY, timeout_seconds=0.3),
+    )
+    register("stubborn_slow", stubborn, payload=GateSchema, result=EmptySchema, options=retried)
+    register(
+        "returns_after_its_timeout",
+        returns_after_its_timeout,
+        payload=GateSchema,
+        result=ValueSchema,
+        options=KindOptions(timeout_seconds=0.2),
+    )
+    register("blocks_the_hub", blocks_the_hub, payload=EmptySchema, result=EmptySchema)
+    register(
+        "writes_after_its_gate",
+        writes_after_its_gate,
+        payload=GateSchema,
+        result=EmptySchema,
+        options=retried,
+    )
+    register(
+        "bad_result_retried", bad_result, payload=EmptySchema, result=ValueSchema, options=retried
+    )
+
+
+@pytest.fixture
+def gates() -> Iterator[Gates]:
+    gates = Gates()
+    yield gates
+    for event in gates.events.values():  # let every held handler end
+        event.set()
+
+
+@pytest.fixture
+def hostile(make_app, gates) -> Callable[..., JobService]:
+    def make(**config: Any) -> JobService:
+        service = get_jobs(make_app(JOB_KILL_GRACE_SECONDS=0.3, **config))
+        register_hostile_kinds(service, gates)
+        return service
+
+    return make
+
+
+@pytest.fixture
+def logs() -> Iterator[list[logging.LogRecord]]:
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Collect(level=logging.DEBUG)
+    logger = logging.getLogger("mealquest")
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def errors_about(records: list[logging.LogRecord], job_id: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in records
+        if r.levelno >= logging.ERROR and getattr(r, "job_id", None) == job_id
+    ]
+
+
+def enqueue(service: JobService, kind: str, household, **payload: Any) -> str:
+    return service.enqueue(kind, payload, household_id=household.household_id)
+
+
+# -- handlers that ignore their timeout or their stop ------------------------------------------
+
+
+def test_a_handler_that_catches_its_timeout_and_returns_is_recorded_timed_out(
+    hostile, household, logs
+):
+    jobs = hostile()
+    job_id = enqueue(jobs, "returns_after_its_timeout", household, gate="never")
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.result) == ("timed out", None)
+    assert "handler ignored its timeout" in errors_about(logs, job_id)
+
+
+def test_a_handler_that_will_not_die_keeps_its_slot_is_recorded_and_restarts_the_process(
+    hostile, household, gates, logs
+):
+    jobs = hostile(JOB_WORKERS=1)
+    stubborn = enqueue(jobs, "stubborn", household, gate="stubborn")
+    fatal: list[str] = []
+    pool = jobs.start_pool(on_fatal=fatal.append)
+    wait_for(lambda: gates.seen("ignored Timeout", "stubborn"))
+    # Past its timeout plus the grace, still alive: recorded now, and final even
+    # with attempts left (a second attempt would run beside it).
+    job = wait_for(lambda: jobs.get(stubborn).status == Status.FAILED and jobs.get(stubborn))
+    assert (job.error, job.attempt, job.lease_owner) == ("timed out", 1, None)
+    wait_for(lambda: fatal)
+    assert fatal == [f"a handler will not die (job {stubborn}, kind stubborn)"]
+    assert any("handler will not die" in m for m in errors_about(logs, stubborn))
+    # Its slot is not reused while the greenlet lives.
+    waiting = enqueue(jobs, "held", household, gate="next")
+    gevent.sleep(0.3)
+    assert jobs.get(waiting).status == Status.QUEUED
+    assert pool.active_jobs() == [stubborn]
+    # Once it dies, the slot frees; nothing it returns is recorded.
+    gates.open("stubborn")
+    wait_for(lambda: gates.seen("start", "next"))
+    gates.open("next")
+    assert wait_for(lambda: jobs.get(waiting).status == Status.SUCCEEDED)
+    assert (jobs.get(stubborn).status, jobs.get(stubborn).error) == (Status.FAILED, "timed out")
+
+
+def test_the_heartbeat_does_not_renew_a_handler_past_its_timeout_and_grace(
+    hostile, household, gates
+):
+    jobs = hostile()
+    job_id = enqueue(jobs, "stubborn", household, gate="g")
+    pool = jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    [entry] = pool.executor.running.values()
+    assert pool.heartbeat.renewable(entry, time.monotonic())
+    assert not pool.heartbeat.renewable(entry, entry.deadline + 0.31)
+    wait_for(lambda: jobs.get(job_id).status == Status.FAILED)
+
+
+def test_stop_never_requeues_a_handler_that_ignores_it(hostile, household, gates, logs):
+    jobs = hostile()
+    job_id = enqueue(jobs, "stubborn_slow", household, gate="g")
+    pool = jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    report = pool.stop(timeout=0.1)
+    # Its kind re-queues interrupted jobs, but this handler still runs: failed instead.
+    assert (report.requeued, report.failed) == ((), (job_id,))
+    job = jobs.get(job_id)
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "interrupted by restart", 1)
+    assert "handler will not die: it ignored the stop" in errors_about(logs, job_id)
+    gates.open("g")
+    wait_for(lambda: gates.seen("end", "g"))
+    assert [entry[0] for entry in gates.log] == ["start", "ignored PoolStopping", "end"]
+    assert jobs.get(job_id).status == Status.FAILED
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def test_a_process_never_rescues_its_own_live_handlers_job(hostile, household, gates):
+    jobs = hostile()
+    job_id = enqueue(jobs, "held", household, gate="g")
+    pool = jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    assert pool.rescue_once(utc_now() + timedelta(hours=1)) == queries.Recovered()
+    gates.open("g")
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    assert job.attempt == 1
+
+
+def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
+    hostile, household, gates
+):
+    jobs = hostile()
+    store = jobs.store
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    # Another process, whose clock runs an hour ahead, takes the job back.
+    recovered = store.write(queries.rescue_expired, now=to_text(utc_now() + timedelta(hours=1)))
+    assert recovered.requeued == (job_id,)
+    wait_for(lambda: len(gates.seen("start", "g")) == 2)
+    first_stop = gates.log.index(("stopped by LeaseLost", "g", 1))
+    second_start = [i for i, entry in enumerate(gates.log) if entry[:2] == ("start", "g")][1]
+    assert first_stop < second_start
+    gates.open("g")
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    # The interruption refunded the attempt.
+    assert (job.attempt, job.interruptions) == (1, 0)
+
+
+def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_expires(
+    hostile, household, gates, lock_holder
+):
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    expires = jobs.get(job_id).lease_expires_at
+    lock_holder.hold()
+    wait_for(lambda: gates.seen("stopped by LeaseLost", "g"))
+    stopped_at = to_text(utc_now())
+    gates.open("g")
+    lock_holder.release()
+    # Stopped while its lease still held, so no rescuer could have re-queued it
+    # beside the live handler; then rescued once the lease expired, and re-run.
+    assert stopped_at < expires or jobs.get(job_id).lease_expires_at is not None
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    assert (job.attempt, job.interruptions) == (1, 0)
+
+
+# -- interruptions -----------------------------------------------------------------------------
+
+
+def claim_all(store, owner: str, now) -> list:
+    return store.write(
+        queries.claim,
+        owner=owner,
+        now=to_text(now),
+        lease_expires_at=to_text(now),
+        limit=10,
+        kinds=("held", "held_once", "writes_after_its_gate"),
+    )
+
+
+def test_an_interrupted_requeue_job_keeps_its_attempt_and_fails_at_the_third_in_a_row(
+    hostile, household
+):
+    jobs = hostile()
+    store = jobs.store
+    job_id = enqueue(jobs, "held", household, gate="g")
+    rescuer = Rescuer(store)
+    for interruption in range(1, MAX_INTERRUPTIONS):
+        now = utc_now()
+        assert [job.attempt for job in claim_all(store, f"dead-{interruption}", now)] == [1]
+        later = now + timedelta(seconds=1)
+        assert rescuer.run_once(later) == queries.Recovered(requeued=(job_id,))
+        job = jobs.get(job_id)
+        assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 0, interruption)
+    now = utc_now()
+    claim_all(store, "dead-last", now)
+    assert rescuer.run_once(now + timedelta(seconds=1)) == queries.Recovered(failed=(job_id,))
+    job = jobs.get(job_id)
+    assert (job.status, job.error, job.attempt, job.interruptions) == (
+        Status.FAILED,
+        "interrupted by restart",
+        1,
+        MAX_INTERRUPTIONS,
+    )
+
+
+def test_an_attempt_that_ends_otherwise_resets_the_interruptions_in_a_row(hostile, household):
+    jobs = hostile()
+    store = jobs.store
+    job_id = enqueue(jobs, "held", household, gate="g")
+    now = utc_now()
+    claim_all(store, "dead", now)
+    Rescuer(store).run_once(now + timedelta(seconds=1))
+    [claimed] = claim_all(store, "live", utc_now())
+    assert store.write(queries.transition, claimed.lease, to=Status.QUEUED, now=to_text(utc_now()))
+    job = jobs.get(job_id)
+    assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 1, 0)
+
+
+def test_a_kind_of_one_attempt_fails_at_its_first_interruption_unless_it_says_requeue(
+    hostile, household
+):
+    jobs = hostile()
+    store = jobs.store
+    once = enqueue(jobs, "held_once", household, gate="g")
+    assert jobs.get(once).on_interrupt == OnInterrupt.FAIL
+    assert jobs.get(enqueue(jobs, "held", household, gate="g")).on_interrupt == OnInterrupt.REQUEUE
+    now = utc_now()
+    claim_all(store, "dead", now)
+    recovered = Rescuer(store).run_once(now + timedelta(seconds=1))
+    assert once in recovered.failed
+    assert KindOptions(on_interrupt=OnInterrupt.REQUEUE).interrupt_policy == OnInterrupt.REQUEUE
+    assert (
+        KindOptions(max_attempts=5, on_interrupt=OnInterrupt.FAIL).interrupt_policy
+        == OnInterrupt.FAIL
+    )
+
+
+def test_a_graceful_stop_refunds_the_attempt_of_a_requeue_kind(hostile, household, gates):
+    jobs = hostile()
+    job_id = enqueue(jobs, "held", household, gate="g")
+    pool = jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    assert pool.stop(timeout=0.1).requeued == (job_id,)
+    job = jobs.get(job_id)
+    assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 0, 1)
+
+
+# -- storage faults and results ----------------------------------------------------------------
+
+
+def test_a_handler_whose_write_meets_an_unavailable_store_keeps_its_attempt(
+    hostile, household, gates, lock_holder, logs
+):
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.2)
+    job_id = enqueue(jobs, "writes_after_its_gate", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: gates.seen("start", "g"))
+    lock_holder.hold()
+    gates.open("g")
+    wait_for(lambda: any("storage fault" in r.getMessage() for r in logs))
+    lock_holder.release()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    assert job.attempt == 1
+    assert len(gates.seen("start", "g")) == 2
+
+
+def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, household, logs):
+    jobs = hostile()
+    job_id = enqueue(jobs, "bad_result_retried", household)
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.attempt, job.max_attempts) == ("internal error", 1, 3)
+    assert "handler's result does not match its schema" in errors_about(logs, job_id)
+
+
+# -- rows that do not decode ---------------------------------------------------------------------
+
+
+def test_a_row_that_does_not_decode_fails_alone(hostile, household, client, auth, logs):
+    jobs = hostile(JOB_WORKERS=4)
+    store = jobs.store
+    good = [
+        jobs.enqueue("succeed", {"value": n}, household_id=household.household_id) for n in (1, 2)
+    ]
+    bad_result = jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+    bad_payload = jobs.enqueue("succeed", {"value": 4}, household_id=household.household_id)
+    store.write(
+        lambda tx: tx.execute("UPDATE jobs SET result = '{half' WHERE id = ?", (bad_result,))
+    )
+    store.write(
+        lambda tx: tx.execute("UPDATE jobs SET payload = 'nope' WHERE id = ?", (bad_payload,))
+    )
+    jobs.start_pool()
+    for job_id in good:
+        assert wait_for(lambda job_id=job_id: jobs.get(job_id).status == Status.SUCCEEDED)
+    for job_id in (bad_result, bad_payload):
+        job = wait_for(
+            lambda job_id=job_id: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id)
+        )
+        assert job.error == "internal error"
+        assert errors_about(logs, job_id)
+    # Read through the API, the undecodable result is null, not a 500.
+    answer = client.get(f"/api/v1/jobs/{bad_result}", headers=auth)
+    assert answer.status_code == 200
+    assert answer.get_json()["result"] is None
+
+
+def test_a_legacy_pending_row_whose_result_is_not_json_fails_alone(tmp_path: Path, make_app, logs):
+    path = str(tmp_path / "legacy.sqlite3")
+    migrations.upgrade(path, target=2)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO households (id, name, created_at) VALUES (1, 'Smiths', 'T')")
+    for job_id, result in (("legacy-bad", "<html>not json"), ("legacy-good", None)):
+        conn.execute(
+            "INSERT INTO jobs (id, household_id, kind, payload, status, result, created_at, "
+            "updated_at) VALUES (?, 1, 'succeed', '{\"value\": 7}', 'pending', ?, ?, ?)",
+            (job_id, result, "2025-01-01T10:00:00.000000Z", "2025-01-01T10:00:00.000000Z"),
+        )
+    conn.close()
+    migrations.upgrade(path)
+    jobs = get_jobs(make_app(DATABASE=path))
+    jobs.start_pool()
+    good = wait_for(
+        lambda: jobs.get("legacy-good").status == Status.SUCCEEDED and jobs.get("legacy-good")
+    )
+    assert good.result == {"value": 7}
+    bad = wait_for(
+        lambda: jobs.get("legacy-bad").status == Status.FAILED and jobs.get("legacy-bad")
+    )
+    assert bad.error == "internal error"
+    assert "stored result of the job is not JSON" in errors_about(logs, "legacy-bad")
+
+
+# -- the hub, and supervision ------------------------------------------------------------------
+
+
+def test_a_handler_that_blocks_the_hub_is_named_at_error(hostile, household, logs):
+    jobs = hostile(JOB_MAX_BLOCKING_SECONDS=0.1)
+    job_id = enqueue(jobs, "blocks_the_hub", household)
+    jobs.start_pool()
+    assert wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    [message] = [m for m in errors_about(logs, job_id) if "blocked the event loop" in m][:1]
+    record = next(r for r in logs if r.getMessage() == message)
+    assert record.kind == "blocks_the_hub"
+
+
+@pytest.mark.parametrize("role", ["producer", "completer", "heartbeat", "watchdog", "rescuer"])
+def test_a_role_that_dies_is_logged_and_restarts_the_process(hostile, household, logs, role):
+    jobs = hostile()
+    fatal: list[str] = []
+    pool = jobs.start_pool(on_fatal=fatal.append)
+    pool.roles[role].kill(RuntimeError("boom"), block=True)
+    wait_for(lambda: fatal)
+    assert fatal == [f"the pool's {role} died"]
+    assert any(
+        r.levelno == logging.ERROR and r.getMessage() == f"the pool's {role} died" for r in logs
+    )
