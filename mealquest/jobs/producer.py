@@ -24,7 +24,7 @@ from mealquest.jobs.model import Job, Status
 from mealquest.jobs.queries import Attempt
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
-from mealquest.store import Store
+from mealquest.store import Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ class Producer:
             self._wake.clear()
             try:
                 jobs = self.claim(free)
+            except StoreUnavailable:
+                logger.warning("database unavailable; claiming again after the poll interval")
+                self.stopping.wait(self.settings.poll_seconds)
+                continue
             except Exception:
                 logger.exception("claiming jobs failed; trying again after the poll interval")
                 self.stopping.wait(self.settings.poll_seconds)
@@ -142,6 +146,8 @@ class Producer:
                 # Something committed (maybe only a heartbeat): claim only if a job is due.
                 if self.store.read(queries.has_due_job, to_text(utc_now()), kinds):
                     return
+        except StoreUnavailable:
+            self._wake.wait(max(deadline - time.monotonic(), 0))
         except Exception:
             logger.exception("checking for new jobs failed; waiting for the poll")
             self._wake.wait(max(deadline - time.monotonic(), 0))

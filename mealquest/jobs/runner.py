@@ -37,7 +37,7 @@ from mealquest.jobs.model import MESSAGE_INTERRUPTED, Status
 from mealquest.jobs.producer import Producer
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
-from mealquest.store import Store, Transaction
+from mealquest.store import Store, StoreUnavailable, Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +223,10 @@ class Pool:
         while not self._maintenance_stop.wait(interval):
             try:
                 task(utc_now())
+            except StoreUnavailable:
+                # Passing; the next round tries again (the watchdog acts on
+                # leases that cannot be renewed in time).
+                logger.warning("job pool maintenance: database unavailable")
             except Exception:
                 logger.exception("job pool maintenance failed")
 
