@@ -25,15 +25,15 @@ from tests.support.kinds import SECRET, ValueSchema, succeed
 TEST_KINDS = ("succeed", "flaky", "sleep", "sleep_retried", "publish_then_finish")
 
 
-def claim(store, *, owner: str, now: str, lease_expires_at: str, limit: int):
-    """A claim as another process with the test kinds would make it."""
+def claim(store, *, owner: str, limit: int, lease_seconds: float = 30.0, now=None):
+    """A claim as another process with the test kinds would make it (at `now`)."""
     return store.write(
         queries.claim,
         owner=owner,
-        now=now,
-        lease_expires_at=lease_expires_at,
+        lease_seconds=lease_seconds,
         limit=limit,
         kinds=TEST_KINDS,
+        now=now,
     )
 
 
@@ -177,7 +177,6 @@ def test_a_kind_this_process_has_no_handler_for_stays_queued_and_is_reported(
             payload="{}",
             max_attempts=1,
             on_interrupt=OnInterrupt.FAIL,
-            now="2026-01-01T00:00:00.000000Z",
         )
 
     store.write(insert)
@@ -308,29 +307,20 @@ def test_a_retry_waits_for_its_backoff(jobs, store, household):
     lease = queries.Lease(job_id, "test-owner", 1)
     now = utc_now()
 
-    claimed = claim(
-        store,
-        owner="test-owner",
-        now=to_text(now),
-        lease_expires_at=to_text(now + timedelta(seconds=30)),
-        limit=10,
-    )
+    claimed = claim(store, owner="test-owner", limit=10)
     assert [job.id for job in claimed] == [job_id]
-    later = to_text(now + timedelta(hours=1))
-    assert store.write(queries.transition, lease, to=Status.QUEUED, run_at=later, now=to_text(now))
+    assert store.write(queries.transition, lease, to=Status.QUEUED, delay_seconds=3600)
     job = jobs.get(job_id)
-    assert (job.status, job.run_at, job.result, job.lease_owner) == (
-        Status.QUEUED,
-        later,
-        None,
-        None,
+    assert (job.status, job.result, job.lease_owner) == (Status.QUEUED, None, None)
+    assert (
+        to_text(now + timedelta(minutes=59))
+        < job.run_at
+        < to_text(utc_now() + timedelta(hours=1, seconds=1))
     )
     # Not due: a claim now takes nothing; a claim after run_at takes it.
-    assert claim(store, owner="o", now=to_text(now), lease_expires_at=later, limit=5) == []
-    due = to_text(now + timedelta(hours=2))
-    assert [j.attempt for j in claim(store, owner="o", now=due, lease_expires_at=due, limit=5)] == [
-        2
-    ]
+    assert claim(store, owner="o", limit=5) == []
+    later = now + timedelta(hours=2)
+    assert [j.attempt for j in claim(store, owner="o", limit=5, now=later)] == [2]
 
 
 def test_stop_waits_for_running_jobs_that_finish_in_time(jobs, household):
@@ -380,13 +370,7 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     once = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     retried = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
     now = utc_now()
-    claimed = claim(
-        store,
-        owner="dead-worker",
-        now=to_text(now),
-        lease_expires_at=to_text(now + timedelta(seconds=30)),
-        limit=10,
-    )
+    claimed = claim(store, owner="dead-worker", limit=10, now=now)
     assert {job.id for job in claimed} == {once, retried}
     rescuer = Rescuer(store)
     assert rescuer.run_once(now + timedelta(seconds=29)) == queries.Recovered()
@@ -398,15 +382,14 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     )
     assert (jobs.get(retried).status, jobs.get(retried).attempt) == (Status.QUEUED, 0)
     stale = queries.Lease(once, "dead-worker", 1)
-    stamp = to_text(now)
     for to, values in (
         (Status.SUCCEEDED, {"result": "{}"}),
         (Status.FAILED, {"error": "x"}),
         (Status.QUEUED, {}),
     ):
-        assert not store.write(queries.transition, stale, to=to, now=stamp, **values)
-    assert not store.write(queries.publish, stale, result="{}", now=stamp)
-    assert store.write(queries.renew_leases, [stale], lease_expires_at=stamp) == set()
+        assert not store.write(queries.transition, stale, to=to, **values)
+    assert not store.write(queries.publish, stale, result="{}")
+    assert store.write(queries.renew_leases, [stale], lease_seconds=30) == set()
     assert jobs.get(once).error == "interrupted by restart"
 
 
@@ -421,7 +404,7 @@ def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(make_app,
     pool = jobs.start_pool()
     wait_for(lambda: jobs.get(job_id).result)
     # Another process's rescuer takes the job back (its view: the lease expired).
-    recovered = store.write(queries.rescue_expired, now=to_text(utc_now() + timedelta(hours=1)))
+    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.failed == (job_id,)
     wait_for(lambda: pool.active_jobs() == [])
     job = jobs.get(job_id)
@@ -454,14 +437,7 @@ def test_pool_settings_reject_a_heartbeat_slower_than_the_lease():
 def test_a_pool_never_fails_running_jobs_of_another_live_owner_at_start(jobs, store, household):
 
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-    now = utc_now()
-    claim(
-        store,
-        owner="live-worker",
-        now=to_text(now),
-        lease_expires_at=to_text(now + timedelta(minutes=5)),
-        limit=1,
-    )
+    claim(store, owner="live-worker", limit=1, lease_seconds=300)
     pool = Pool(store, Registry(), PoolSettings(poll_seconds=0.05))
     pool.start()
     gevent.sleep(0.2)
@@ -504,14 +480,11 @@ def test_a_finished_job_keeps_its_outcome_through_a_lock_longer_than_the_deadlin
 
 def test_a_rescued_job_keeps_its_place_in_the_queue(jobs, store, household):
     rescued = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
-    now = utc_now()
-    claim(store, owner="dead", now=to_text(now), lease_expires_at=to_text(now), limit=1)
+    claim(store, owner="dead", limit=1, lease_seconds=0)
     later = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
-    recovered = store.write(queries.rescue_expired, now=to_text(utc_now()))
+    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(seconds=1))
     assert recovered.requeued == (rescued,)
-    claimed = claim(
-        store, owner="a", now=to_text(utc_now()), lease_expires_at=to_text(now), limit=1
-    )
+    claimed = claim(store, owner="a", limit=1)
     # Its attempt was refunded: the process died, not the job.
     assert [(job.id, job.attempt) for job in claimed] == [(rescued, 1)]
     assert jobs.get(later).status == Status.QUEUED
@@ -524,14 +497,7 @@ def test_jobs_claimed_by_a_write_in_flight_when_stop_began_go_back_untouched(
     pool = jobs.start_pool()
     pool.stop(timeout=1)
     # As the completer's claim would, landing after stop began.
-    now = utc_now()
-    claimed = claim(
-        store,
-        owner=pool.owner,
-        now=to_text(now),
-        lease_expires_at=to_text(now + timedelta(seconds=30)),
-        limit=1,
-    )
+    claimed = claim(store, owner=pool.owner, limit=1)
     assert [job.id for job in claimed] == [job_id]
     pool.producer.hand_out(claimed, 0.0)
     job = jobs.get(job_id)

@@ -271,7 +271,7 @@ def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
     jobs.start_pool()
     wait_for(lambda: gates.seen("start", "g"))
     # Another process, whose clock runs an hour ahead, takes the job back.
-    recovered = store.write(queries.rescue_expired, now=to_text(utc_now() + timedelta(hours=1)))
+    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.requeued == (job_id,)
     wait_for(lambda: len(gates.seen("start", "g")) == 2)
     first_stop = gates.log.index(("stopped by LeaseLost", "g", 1))
@@ -310,8 +310,8 @@ def claim_all(store, owner: str, now) -> list:
     return store.write(
         queries.claim,
         owner=owner,
-        now=to_text(now),
-        lease_expires_at=to_text(now),
+        lease_seconds=0,
+        now=now,
         limit=10,
         kinds=("held", "held_once", "writes_after_its_gate"),
     )
@@ -351,7 +351,7 @@ def test_an_attempt_that_ends_otherwise_resets_the_interruptions_in_a_row(hostil
     claim_all(store, "dead", now)
     Rescuer(store).run_once(now + timedelta(seconds=1))
     [claimed] = claim_all(store, "live", utc_now())
-    assert store.write(queries.transition, claimed.lease, to=Status.QUEUED, now=to_text(utc_now()))
+    assert store.write(queries.transition, claimed.lease, to=Status.QUEUED)
     job = jobs.get(job_id)
     assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 1, 0)
 

@@ -18,7 +18,6 @@ from typing import Any
 import gevent
 from gevent.event import AsyncResult, Event
 
-from mealquest.clock import to_text, utc_now
 from mealquest.jobs import queries
 from mealquest.jobs.executor import Executor, Outcome
 from mealquest.jobs.model import Job
@@ -52,10 +51,10 @@ class NextClaim:
 
 
 def _write_batch(
-    tx: Transaction, batch: list[_Pending], now: str, claim: dict[str, Any] | None
+    tx: Transaction, batch: list[_Pending], claim: dict[str, Any] | None
 ) -> tuple[list[bool], list[Job]]:
     """The completer's transaction. Runs in the writer thread: no gevent objects."""
-    recorded = [pending.outcome.write(tx, pending.lease, now) for pending in batch]
+    recorded = [pending.outcome.write(tx, pending.lease) for pending in batch]
     return recorded, queries.claim(tx, **claim) if claim else []
 
 
@@ -130,9 +129,7 @@ class Completer:
         claimed_at = time.monotonic()
         with self.executor.reserving(limit if claim else 0):
             try:
-                recorded, jobs = self.store.write(
-                    _write_batch, batch, to_text(utc_now()), claim_values
-                )
+                recorded, jobs = self.store.write(_write_batch, batch, claim_values)
             except StoreUnavailable as error:
                 # The database, not one outcome: splitting would only wait again per job.
                 for pending in batch:

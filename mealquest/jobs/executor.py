@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import gevent
@@ -24,7 +23,6 @@ from gevent.event import Event
 from gevent.greenlet import Greenlet
 from marshmallow import ValidationError
 
-from mealquest.clock import seconds, to_text, utc_now
 from mealquest.jobs import queries
 from mealquest.jobs.errors import LeaseLost, PoolStopping
 from mealquest.jobs.model import MESSAGE_INTERNAL, MESSAGE_TIMED_OUT, Failure, Job, Status
@@ -53,18 +51,17 @@ class Outcome:
     attempt: Attempt = Attempt.SPEND
     result: str | None = None
     error: str | None = None
-    run_at: str | None = None
+    delay_seconds: float | None = None
 
-    def write(self, tx: Transaction, lease: Lease, now: str) -> bool:
+    def write(self, tx: Transaction, lease: Lease) -> bool:
         return queries.transition(
             tx,
             lease,
             to=self.to,
-            now=now,
             attempt=self.attempt,
             result=self.result,
             error=self.error,
-            run_at=self.run_at,
+            delay_seconds=self.delay_seconds,
         )
 
 
@@ -121,9 +118,7 @@ class JobContext:
     def publish(self, partial: Any) -> None:
         """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
         encoded = self._kind.encode_partial(partial)
-        published = self._store.write(
-            queries.publish, self._lease, result=encoded, now=to_text(utc_now())
-        )
+        published = self._store.write(queries.publish, self._lease, result=encoded)
         if not published:
             raise LeaseLost(LeaseLost.__doc__)
 
@@ -320,8 +315,8 @@ class Executor:
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
             logger.warning("job stopped by a storage fault; re-queued", extra=extra)
-            run_at = utc_now() + seconds(kind.options.backoff.delay(1))
-            return Outcome(Status.QUEUED, Attempt.REFUND, run_at=to_text(run_at))
+            delay = kind.options.backoff.delay(1)
+            return Outcome(Status.QUEUED, Attempt.REFUND, delay_seconds=delay)
         if ended is not None:
             return self._unexpected_error(job, kind, extra, ended)
         try:
@@ -344,6 +339,6 @@ class Executor:
     @staticmethod
     def _retry_or_fail(job: Job, kind: Kind, message: str) -> Outcome:
         if job.attempt < job.max_attempts:
-            run_at: datetime = utc_now() + seconds(kind.options.backoff.delay(job.attempt))
-            return Outcome(Status.QUEUED, run_at=to_text(run_at))
+            delay = kind.options.backoff.delay(job.attempt)
+            return Outcome(Status.QUEUED, delay_seconds=delay)
         return failed(message)

@@ -1,4 +1,4 @@
-"""The pool's maintenance services, each with `run_once(now)` that tests call directly.
+"""The pool's maintenance services, each with a `run_once` that tests call directly.
 
 * `Rescuer`: interrupts running jobs whose lease expired, in any process.
 * `Heartbeat`: renews the leases of this process's jobs, and takes a job
@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from mealquest.clock import seconds, to_text
 from mealquest.jobs import queries
 from mealquest.jobs.errors import LeaseLost
 from mealquest.jobs.executor import STOPPING, Executor, Running, failed
@@ -46,11 +45,12 @@ class Rescuer:
         # This process's own live handlers are never rescued from under them.
         self.executor = executor
 
-    def run_once(self, now: datetime) -> queries.Recovered:
+    def run_once(self, now: datetime | None = None) -> queries.Recovered:
+        """`now` moves the database's clock (tests); None is the database's own."""
         keep = []
         if self.executor is not None:
             keep = [e.lease for e in self.executor.running.values() if e.alive()]
-        recovered = self.store.write(queries.rescue_expired, now=to_text(now), keep=keep)
+        recovered = self.store.write(queries.rescue_expired, keep=keep, now=now)
         for job_id in recovered.requeued:
             logger.warning("re-queued a job whose lease expired", extra={"job_id": job_id})
         for job_id in recovered.failed:
@@ -79,7 +79,7 @@ class Heartbeat:
             return False
         return entry.recording or now < entry.deadline + self.settings.kill_grace_seconds
 
-    def run_once(self, now: datetime) -> int:
+    def run_once(self) -> int:
         """Renew this process's leases; take the jobs whose lease another process
         took from their handlers. Returns how many were taken."""
         started = self.clock()
@@ -89,7 +89,7 @@ class Heartbeat:
         renewed = self.store.write(
             queries.renew_leases,
             [e.lease for e in entries],
-            lease_expires_at=to_text(now + seconds(self.settings.lease_seconds)),
+            lease_seconds=self.settings.lease_seconds,
         )
         lost = 0
         for entry in entries:
@@ -176,7 +176,7 @@ class UnhandledKinds:
         self.store = store
         self.registry = registry
 
-    def run_once(self, now: datetime) -> dict[str, int]:
+    def run_once(self) -> dict[str, int]:
         waiting = self.store.read(queries.queued_of_other_kinds, self.registry.names())
         if waiting:
             listed = ", ".join(f"{kind} ({count})" for kind, count in waiting.items())

@@ -16,7 +16,6 @@ from typing import Any
 
 from gevent.event import Event
 
-from mealquest.clock import seconds, to_text, utc_now
 from mealquest.jobs import queries
 from mealquest.jobs.completer import NextClaim
 from mealquest.jobs.executor import Executor
@@ -87,14 +86,12 @@ class Producer:
         return jobs
 
     def claim_values(self, limit: int) -> dict[str, Any]:
-        now = utc_now()
         return {
             # Every claim fences its jobs with a token of its own, so an
             # attempt whose refund gave the next claim the same attempt number
             # still cannot be written by the earlier claim's handler.
             "owner": f"{self.owner}.{next(self._claims)}",
-            "now": to_text(now),
-            "lease_expires_at": to_text(now + seconds(self.settings.lease_seconds)),
+            "lease_seconds": self.settings.lease_seconds,
             "limit": limit,
             "kinds": self.registry.names(),
         }
@@ -116,11 +113,10 @@ class Producer:
 
     def _unclaim(self, jobs: list[Job]) -> None:
         leases = [job.lease for job in jobs]
-        now = to_text(utc_now())
 
         def unclaim(tx: Any) -> None:
             for lease in leases:
-                queries.transition(tx, lease, to=Status.QUEUED, now=now, attempt=Attempt.REFUND)
+                queries.transition(tx, lease, to=Status.QUEUED, attempt=Attempt.REFUND)
 
         try:
             self.store.write(unclaim)
@@ -144,7 +140,7 @@ class Producer:
                     continue
                 version = current
                 # Something committed (maybe only a heartbeat): claim only if a job is due.
-                if self.store.read(queries.has_due_job, to_text(utc_now()), kinds):
+                if self.store.read(queries.has_due_job, kinds):
                     return
         except StoreUnavailable:
             self._wake.wait(max(deadline - time.monotonic(), 0))

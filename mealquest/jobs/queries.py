@@ -16,7 +16,9 @@ import enum
 import sqlite3
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from mealquest.clock import to_text, utc_now
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -52,13 +54,23 @@ def insert_job(
     payload: str,
     max_attempts: int,
     on_interrupt: OnInterrupt,
-    now: str,
 ) -> None:
+    now = _text(None)
     tx.execute(
         "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
         "run_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
         (job_id, household_id, kind, payload, max_attempts, str(on_interrupt), now, now, now),
     )
+
+
+def _moment(now: datetime | None) -> datetime:
+    """The database's "now": on SQLite, one machine's wall clock (`now` overrides
+    it for tests that move time past a lease)."""
+    return now if now is not None else utc_now()
+
+
+def _text(now: datetime | None) -> str:
+    return to_text(_moment(now))
 
 
 def _placeholders(values: Collection[object]) -> str:
@@ -69,10 +81,10 @@ def claim(
     tx: Transaction,
     *,
     owner: str,
-    now: str,
-    lease_expires_at: str,
+    lease_seconds: float,
     limit: int,
     kinds: Collection[str],
+    now: datetime | None = None,
 ) -> list[Job]:
     """Claim up to `limit` due queued jobs of `kinds`, oldest first, in one statement.
 
@@ -81,13 +93,22 @@ def claim(
     """
     if not kinds or limit <= 0:
         return []
+    moment = _moment(now)
     rows = tx.execute(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
         "lease_expires_at = ?, started_at = ?, updated_at = ? "
         "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
         f"AND kind IN ({_placeholders(kinds)}) ORDER BY run_at, seq LIMIT ?) "
         f"RETURNING {_COLUMNS}",
-        (owner, lease_expires_at, now, now, now, *kinds, limit),
+        (
+            owner,
+            _text(moment + timedelta(seconds=lease_seconds)),
+            _text(moment),
+            _text(moment),
+            _text(moment),
+            *kinds,
+            limit,
+        ),
     ).fetchall()
     # RETURNING gives no order; hand jobs out oldest first.
     return sorted((Job.from_row(row) for row in rows), key=lambda job: (job.run_at, job.seq))
@@ -100,10 +121,10 @@ def _fence(lease: Lease) -> dict[str, object]:
     return {"job_id": lease.job_id, "owner": lease.owner, "attempt": lease.attempt}
 
 
-def publish(tx: Transaction, lease: Lease, *, result: str, now: str) -> bool:
+def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
         f"UPDATE jobs SET result = :result, updated_at = :now WHERE {_FENCE}",
-        {"result": result, "now": now, **_fence(lease)},
+        {"result": result, "now": _text(None), **_fence(lease)},
     )
     return cursor.rowcount == 1
 
@@ -134,26 +155,27 @@ def transition(
     lease: Lease,
     *,
     to: Status,
-    now: str,
     attempt: Attempt = Attempt.SPEND,
     result: str | None = None,
     error: str | None = None,
-    run_at: str | None = None,
+    delay_seconds: float | None = None,
 ) -> bool:
     """Move the leased running job to `to`; False if the lease is no longer held.
 
-    `to=QUEUED` with `Attempt.SPEND` is a retry (at `run_at`); with
-    `Attempt.REFUND` the job goes back as if the attempt never started
-    (`run_at` None keeps its place in the queue).
+    `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
+    now; with `Attempt.REFUND` the job goes back as if the attempt never
+    started (`delay_seconds` None keeps its place in the queue).
     """
     if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
         raise ValueError(f"no transition from running to {to} with {attempt}")
+    moment = _moment(None)
+    run_at = None if delay_seconds is None else _text(moment + timedelta(seconds=delay_seconds))
     cursor = tx.execute(
         f"UPDATE jobs SET status = :to, {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} "
         f"WHERE {_FENCE}",
         {
             "to": str(to),
-            "now": now,
+            "now": _text(moment),
             "result": result,
             "error": error,
             "run_at": run_at,
@@ -164,13 +186,14 @@ def transition(
 
 
 def renew_leases(
-    tx: Transaction, leases: Iterable[Lease], *, lease_expires_at: str
+    tx: Transaction, leases: Iterable[Lease], *, lease_seconds: float
 ) -> set[tuple[str, int]]:
     """Extend the given leases where still held; returns the (id, attempt) renewed.
 
     Only leases the process names: a job the heartbeat leaves out (its handler
     past its timeout, or its outcome given up on) expires and is rescued.
     """
+    lease_expires_at = _text(_moment(None) + timedelta(seconds=lease_seconds))
     renewed = set()
     for lease in leases:
         cursor = tx.execute(
@@ -182,13 +205,13 @@ def renew_leases(
     return renewed
 
 
-def has_due_job(conn: sqlite3.Connection, now: str, kinds: Collection[str]) -> bool:
+def has_due_job(conn: sqlite3.Connection, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
     row = conn.execute(
         "SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= ? "
         f"AND kind IN ({_placeholders(kinds)}) LIMIT 1",
-        (now, *kinds),
+        (_text(None), *kinds),
     ).fetchone()
     return row is not None
 
@@ -242,21 +265,24 @@ def _interrupt(tx: Transaction, condition: str, params: dict[str, object]) -> Re
     )
 
 
-def interrupt(tx: Transaction, leases: Iterable[Lease], *, now: str) -> Recovered:
+def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
     """Record jobs a stopping worker cut short (fenced on their leases)."""
     recovered = Recovered()
+    now = _text(None)
     for lease in leases:
         recovered += _interrupt(tx, _FENCE, {"now": now, **_fence(lease)})
     return recovered
 
 
-def rescue_expired(tx: Transaction, *, now: str, keep: Collection[Lease] = ()) -> Recovered:
+def rescue_expired(
+    tx: Transaction, *, keep: Collection[Lease] = (), now: datetime | None = None
+) -> Recovered:
     """Interrupt every running job whose lease expired before `now`, whoever held it,
     except `keep`: the caller's own jobs whose handlers are still alive (their
     process deals with them; re-queueing them would start a second attempt
     beside the live one)."""
     condition = "lease_expires_at < :now"
-    params: dict[str, object] = {"now": now}
+    params: dict[str, object] = {"now": _text(now)}
     for index, lease in enumerate(keep):
         condition += (
             f" AND NOT (id = :keep_id{index} AND lease_owner = :keep_owner{index} "

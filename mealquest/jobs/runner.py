@@ -27,7 +27,6 @@ import gevent
 from gevent.event import Event
 from gevent.greenlet import Greenlet
 
-from mealquest.clock import to_text, utc_now
 from mealquest.jobs import hub_monitor, queries
 from mealquest.jobs.completer import Completer
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
@@ -102,7 +101,7 @@ class Pool:
         self._started = True
         self.registry.close()
         try:
-            self.rescuer.run_once(utc_now())
+            self.rescuer.run_once()
         except Exception:
             logger.exception("rescue at pool start failed; the periodic rescue will retry")
         if self.settings.max_blocking_seconds:
@@ -175,14 +174,11 @@ class Pool:
     def _record_stopped(
         tx: Transaction, stopped: list[Running], hung: list[Running]
     ) -> queries.Recovered:
-        now = to_text(utc_now())
-        recovered = queries.interrupt(tx, [e.lease for e in stopped], now=now)
+        recovered = queries.interrupt(tx, [e.lease for e in stopped])
         failed = tuple(
             entry.job.id
             for entry in hung
-            if queries.transition(
-                tx, entry.lease, to=Status.FAILED, now=now, error=MESSAGE_INTERRUPTED
-            )
+            if queries.transition(tx, entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED)
         )
         return recovered + queries.Recovered(failed=failed)
 
@@ -219,10 +215,10 @@ class Pool:
 
     # -- maintenance ------------------------------------------------------------
 
-    def _every(self, interval: float, task: Callable[[datetime], object]) -> None:
+    def _every(self, interval: float, task: Callable[[], object]) -> None:
         while not self._maintenance_stop.wait(interval):
             try:
-                task(utc_now())
+                task()
             except StoreUnavailable:
                 # Passing; the next round tries again (the watchdog acts on
                 # leases that cannot be renewed in time).
@@ -230,13 +226,13 @@ class Pool:
             except Exception:
                 logger.exception("job pool maintenance failed")
 
-    def heartbeat_once(self, now: datetime) -> int:
-        return self.heartbeat.run_once(now)
+    def heartbeat_once(self) -> int:
+        return self.heartbeat.run_once()
 
-    def watch_once(self, now: datetime | None = None) -> list[Running]:
+    def watch_once(self) -> list[Running]:
         return self.watchdog.run_once()
 
-    def rescue_once(self, now: datetime) -> queries.Recovered:
+    def rescue_once(self, now: datetime | None = None) -> queries.Recovered:
         recovered = self.rescuer.run_once(now)
         if recovered.requeued:
             self.producer.wake()

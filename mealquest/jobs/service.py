@@ -10,7 +10,6 @@ from typing import Any
 from flask import Flask
 
 from mealquest import migrations
-from mealquest.clock import to_text, utc_now
 from mealquest.extensions import JOBS_KEY, get_store
 from mealquest.jobs import queries
 from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
@@ -62,7 +61,6 @@ class JobService:
                 payload=payload_json,
                 max_attempts=kind.options.max_attempts,
                 on_interrupt=kind.options.interrupt_policy,
-                now=to_text(utc_now()),
             )
             tx.after_commit(self._wake_pool)
 

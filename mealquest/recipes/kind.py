@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 
 import gevent
 
-from mealquest.clock import to_text, utc_now
 from mealquest.jobs.model import Failure
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.runner import JobContext
@@ -65,7 +64,6 @@ def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy)
         job_id=ctx.job_id,
         source_url=public_source_url(url),
         parsed=parsed,
-        now=to_text(utc_now()),
     )
     return {"recipe_id": recipe.id, "recipe": _recipe_schema.dump(recipe)}
 

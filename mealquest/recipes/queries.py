@@ -6,6 +6,7 @@ import json
 import sqlite3
 import uuid
 
+from mealquest.clock import to_text, utc_now
 from mealquest.recipes.model import Recipe
 from mealquest.recipes.parse import ParsedRecipe
 from mealquest.store import Transaction
@@ -23,10 +24,10 @@ def upsert_for_job(
     job_id: str,
     source_url: str,
     parsed: ParsedRecipe,
-    now: str,
 ) -> Recipe:
     """Store the recipe a job imported. Keyed on the job: a retried or rescued
     job updates the recipe it stored before (same id) instead of adding one."""
+    now = to_text(utc_now())
     row = tx.execute(
         "INSERT INTO recipes (id, household_id, job_id, title, ingredients, instructions, "
         "yields, total_time_minutes, image_url, source_url, author, created_at, updated_at) "
