@@ -45,3 +45,27 @@ def test_jobs_show_unknown_and_bad_status(runner):
     assert "no job" in missing.output
     bad = runner.invoke(args=["jobs", "list", "--status", "done"])
     assert bad.exit_code != 0
+
+
+def test_jobs_show_masks_the_secrets_of_urls_in_the_payload_and_result(
+    runner, jobs, store, household
+):
+    job_id = jobs.enqueue(
+        "recipe_import",
+        {"url": "https://x.example/r?token=SECRET"},
+        household_id=household.household_id,
+    )
+    # A result as a handler could write it, quoting an address with its credentials.
+    result = {"seen": ["https://u:SECRET2@x.example/r?sig=SECRET3#SECRET4"]}
+    store.write(
+        lambda tx: tx.execute(
+            "UPDATE jobs SET result = ? WHERE id = ?", (json.dumps(result), job_id)
+        )
+    )
+
+    shown = runner.invoke(args=["jobs", "show", job_id])
+    assert shown.exit_code == 0, shown.output
+    assert "SECRET" not in shown.output
+    row = json.loads(shown.output)
+    assert row["payload"] == {"url": "https://x.example/r?token=***"}
+    assert row["result"] == {"seen": ["https://***@x.example/r?sig=***#***"]}

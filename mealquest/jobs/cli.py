@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import click
 import gevent
@@ -16,6 +17,7 @@ from gevent import monkey
 from mealquest import migrations
 from mealquest.extensions import get_jobs
 from mealquest.jobs.model import Job, Status
+from mealquest.masking import mask
 
 jobs_cli = AppGroup("jobs", help="The job queue.")
 
@@ -48,12 +50,23 @@ def jobs_list(status: str | None, kind: str | None, household_id: int | None, li
 @jobs_cli.command("show")
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
-    """Every column of one job, as JSON."""
+    """Every column of one job, as JSON, with the secrets URLs may carry masked."""
     job = get_jobs().get(job_id)
     if job is None:
         raise click.ClickException(f"no job {job_id}")
-    row = {**job.__dict__, "status": job.status.value}
-    click.echo(json.dumps(row, indent=2, sort_keys=True))
+    row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
+    click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
+
+
+def _decoded(payload: Any) -> Any:
+    """The payload as JSON values (so its URLs are found whole), or as stored
+    if it is not JSON text."""
+    if not isinstance(payload, str):
+        return payload
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return payload
 
 
 def _run_from_flask_cli() -> bool:
