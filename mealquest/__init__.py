@@ -8,13 +8,14 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import cli, errors, health, recipes, serving
+from mealquest import cli, errors, health, recipes
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS
 from mealquest.extensions import init_store
 from mealquest.jobs import service as jobs_service
 from mealquest.jobs.cli import jobs_cli
 from mealquest.logs import configure_logging
+from mealquest.serving import middleware
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -41,5 +42,5 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.cli.add_command(jobs_cli)
     app.register_blueprint(health.bp)
     app.register_blueprint(api_bp)
-    serving.init_app(app)
+    middleware.init_app(app)
     return app
