@@ -76,9 +76,10 @@ loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
 def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> None:
     # Why this hook: with old_value None it is the earliest hook gunicorn runs,
     # once, while the master is being built, before it logs, binds or forks
-    # anything. So a database behind the code's migrations stops the start
-    # with our line as the first one printed (later worker-count changes pass
-    # here with a number and are ignored; workers check again as they start).
+    # anything. So a bad MEALQUEST_ setting or a database behind the code's
+    # migrations stops the start with our one line as the first one printed
+    # (later worker-count changes pass here with a number and are ignored;
+    # workers check again as they start).
     # The check runs in a child process so that the master never imports the
     # app or opens the database.
     if old_value is not None:

@@ -13,17 +13,24 @@ import sys
 from gunicorn.util import import_app
 
 from mealquest import migrations
+from mealquest.config_check import ConfigError
 from mealquest.serving import flask_app
 
 
 def check_database(app_uri: str) -> int:
-    """Exit status for gunicorn's start: 0 if the app's database is fully
-    migrated, else 1 after printing one line that says what to run.
+    """Exit status for gunicorn's start: 0 if the app's configuration is good
+    and its database fully migrated, else 1 after printing one line that says
+    what is wrong and what to run.
 
     Run by the master in a child process (see gunicorn.conf.py), so the
     master itself never imports the app or opens the database.
     """
-    path = flask_app(import_app(app_uri)).config["DATABASE"]
+    try:
+        app = flask_app(import_app(app_uri))
+    except ConfigError as error:
+        print(f"mealquest: {error}", file=sys.stderr)
+        return 1
+    path = app.config["DATABASE"]
     refusal = "mealquest: refusing to start: the database"
     if not os.path.exists(path):
         print(f"{refusal} {path} does not exist; run `flask db upgrade` first", file=sys.stderr)
