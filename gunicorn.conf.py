@@ -78,10 +78,10 @@ def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> 
     # once, while the master is being built, before it logs, binds or forks
     # anything. So a bad MEALQUEST_ setting or a database behind the code's
     # migrations stops the start with our one line as the first one printed
-    # (later worker-count changes pass here with a number and are ignored;
-    # workers check again as they start).
-    # The check runs in a child process so that the master never imports the
-    # app or opens the database.
+    # (a database ahead of the code is served, with a warning). Later
+    # worker-count changes pass here with a number and are ignored; workers
+    # check again as they start. The check runs in a child process so that
+    # the master never imports the app or opens the database.
     if old_value is not None:
         return
     check = (
@@ -107,7 +107,8 @@ def post_worker_init(worker: Worker) -> None:
     # just before it serves, so the pool's greenlets, the store's threadpool
     # and every socket a job opens are gevent's. It also refuses a database
     # behind the migrations (the worker exits with gunicorn's boot-error
-    # status, which stops the master).
+    # status, which stops the master) and serves one ahead of them with a
+    # warning.
     from mealquest.serving.worker import start_worker
 
     start_worker(worker)

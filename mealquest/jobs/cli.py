@@ -18,6 +18,7 @@ from mealquest import migrations
 from mealquest.extensions import get_jobs
 from mealquest.jobs.model import Job, Status
 from mealquest.masking import mask
+from mealquest.store import StoreError
 
 jobs_cli = AppGroup("jobs", help="The job queue.")
 
@@ -103,8 +104,9 @@ def jobs_work() -> None:
     _restart_monkey_patched()
     service = get_jobs()
     try:
+        migrations.require_migrated(service.store)
         pool = service.start_pool()
-    except migrations.DatabaseNotMigrated as error:
+    except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
     stop_requested = gevent.event.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

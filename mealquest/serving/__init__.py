@@ -3,7 +3,7 @@
 * `middleware`: the app side, in every process that serves HTTP: trusted
   proxy headers and request ids.
 * `preflight`: gunicorn's master, before it binds or forks: refuses to
-  start on a bad configuration or a database behind the code's migrations.
+  start on a database the code cannot serve, or on a bad configuration.
 * `worker`: each gunicorn worker, from `post_worker_init` to `worker_exit`:
   starts the job pool, drains it when the worker stops serving.
 

@@ -7,44 +7,41 @@ database, and a refusal is the first line gunicorn's output shows.
 
 from __future__ import annotations
 
-import os
+import sqlite3
 import sys
 
 from gunicorn.util import import_app
 
 from mealquest import migrations
 from mealquest.config_check import ConfigError
+from mealquest.extensions import get_store
 from mealquest.serving import flask_app
+from mealquest.store import StoreError
 
 
 def check_database(app_uri: str) -> int:
     """Exit status for gunicorn's start: 0 if the app's configuration is good
-    and its database fully migrated, else 1 after printing one line that says
-    what is wrong and what to run.
-
-    Run by the master in a child process (see gunicorn.conf.py), so the
-    master itself never imports the app or opens the database.
-    """
+    and its database migrated (or ahead of the code: served with a warning),
+    else 1 after printing one line that says what is wrong and what to run."""
     try:
         app = flask_app(import_app(app_uri))
     except ConfigError as error:
-        print(f"mealquest: {error}", file=sys.stderr)
-        return 1
-    path = app.config["DATABASE"]
-    refusal = "mealquest: refusing to start: the database"
-    if not os.path.exists(path):
-        print(f"{refusal} {path} does not exist; run `flask db upgrade` first", file=sys.stderr)
-        return 1
+        return _refuse(str(error))
+    store = get_store(app)
+    path = store.path
     try:
-        pending = [s.migration.path.name for s in migrations.status(path) if not s.applied]
+        migrations.require_migrated(store)
+    except migrations.DatabaseNotMigrated as error:
+        return _refuse(f"refusing to start: {error}, then start gunicorn again")
     except migrations.MigrationError as error:
-        print(f"{refusal} {path} cannot be used: {error}", file=sys.stderr)
-        return 1
-    if pending:
-        print(
-            f"{refusal} {path} is not migrated ({len(pending)} pending: {', '.join(pending)}); "
-            "run `flask db upgrade`, then start gunicorn again",
-            file=sys.stderr,
-        )
-        return 1
+        return _refuse(f"refusing to start: the database {path} cannot be served: {error}")
+    except (StoreError, sqlite3.Error) as error:
+        return _refuse(f"refusing to start: the database {path} cannot be read: {error}")
+    finally:
+        store.close()
     return 0
+
+
+def _refuse(line: str) -> int:
+    print(f"mealquest: {line}", file=sys.stderr)
+    return 1

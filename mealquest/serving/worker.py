@@ -7,11 +7,13 @@ ours across fork). What happens when:
 
 * `post_worker_init` -> `start_worker`: refuses a database behind the
   migrations (the worker exits with gunicorn's boot-error status, which stops
-  the master), starts this process's job pool unless `JOB_POOL_IN_WEB` is
-  off, and spawns a watcher that begins the pool's drain as soon as the worker
-  stops serving. The gevent worker waits, on SIGTERM, only for HTTP requests
-  and runs no hook at that moment, so the watcher is what lets running jobs
-  use the graceful timeout instead of whatever is left of it at exit.
+  the master) and serves one ahead of them with a warning (a newer release
+  migrated it during a rolling deploy), starts this process's job pool
+  unless `JOB_POOL_IN_WEB` is off, and spawns a watcher that begins the
+  pool's drain as soon as the worker stops serving. The gevent worker waits,
+  on SIGTERM, only for HTTP requests and runs no hook at that moment, so the
+  watcher is what lets running jobs use the graceful timeout instead of
+  whatever is left of it at exit.
 * `worker_int` -> `interrupt_worker` (SIGINT/SIGQUIT, quick shutdown): stop
   the pool at once, recording its running jobs.
 * `worker_exit` -> `stop_worker`: waits for the drain (starting it if the
@@ -70,14 +72,12 @@ def start_worker(worker: Any) -> None:
     global _current
     app = flask_app(worker.wsgi)
     try:
-        if app.config["JOB_POOL_IN_WEB"]:
-            pool = get_jobs(app).start_pool()
-        else:
-            # Web-only: jobs run in `flask jobs work` processes; still refuse
-            # to serve a database behind the code.
-            get_store(app).read(migrations.require_current_of, migrations.discover())
+        migrations.require_migrated(get_store(app))
+        if not app.config["JOB_POOL_IN_WEB"]:
+            # Web-only: jobs run in `flask jobs work` processes.
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
             return
+        pool = get_jobs(app).start_pool()
     except migrations.MigrationError as error:
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
