@@ -108,7 +108,8 @@ def post_worker_init(worker: Worker) -> None:
     # and every socket a job opens are gevent's. It also refuses a database
     # behind the migrations (the worker exits with gunicorn's boot-error
     # status, which stops the master) and serves one ahead of them with a
-    # warning.
+    # warning. A pool that cannot go on makes its worker stop serving, drain
+    # and be replaced, as on SIGTERM.
     from mealquest.serving.worker import start_worker
 
     start_worker(worker)

@@ -100,15 +100,26 @@ def _restart_monkey_patched() -> None:
 
 @jobs_cli.command("work")
 def jobs_work() -> None:
-    """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully."""
+    """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully.
+
+    Exits 1 after the same graceful stop if the pool finds it cannot go on,
+    so that a supervisor (systemd's `Restart=on-failure`) starts a new one.
+    """
     _restart_monkey_patched()
     service = get_jobs()
+    stop_requested = gevent.event.Event()
+    fatal: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        # Called from the pool's greenlets; the pool has logged why at ERROR.
+        fatal.append(reason)
+        stop_requested.set()
+
     try:
         migrations.require_migrated(service.store)
-        pool = service.start_pool()
+        pool = service.start_pool(on_fatal=on_fatal)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
-    stop_requested = gevent.event.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         gevent.signal_handler(signum, stop_requested.set)
     patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"
@@ -123,3 +134,5 @@ def jobs_work() -> None:
         f"{len(report.failed)} interrupted",
         err=True,
     )
+    if fatal:
+        raise click.ClickException(f"the job pool could not go on ({fatal[0]}); stopped")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import Flask
@@ -32,6 +32,7 @@ class JobService:
         self.settings = settings
         self.registry = Registry()
         self.pool: Pool | None = None
+        self.on_fatal: Callable[[str], None] | None = None
 
     def enqueue(
         self,
@@ -98,10 +99,15 @@ class JobService:
             )
         )
 
-    def start_pool(self) -> Pool:
-        """Start this process's pool (once). Refuses a database behind the migrations."""
+    def start_pool(self, on_fatal: Callable[[str], None] | None = None) -> Pool:
+        """Start this process's pool (once). Refuses a database behind the migrations.
+
+        `on_fatal(reason)` is called when the pool cannot go on, so that its
+        owner stops the process gracefully and has it replaced.
+        """
         if self.pool is not None:
             raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
+        self.on_fatal = on_fatal
         self.store.read(migrations.require_current_of, migrations.discover())
         pool = Pool(self.store, self.registry, self.settings)
         pool.start()

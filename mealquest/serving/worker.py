@@ -13,7 +13,9 @@ ours across fork). What happens when:
   pool's drain as soon as the worker stops serving. The gevent worker waits,
   on SIGTERM, only for HTTP requests and runs no hook at that moment, so the
   watcher is what lets running jobs use the graceful timeout instead of
-  whatever is left of it at exit.
+  whatever is left of it at exit. A pool that finds it cannot go on calls
+  back, and the worker stops serving the same way: drained, then replaced by
+  the master.
 * `worker_int` -> `interrupt_worker` (SIGINT/SIGQUIT, quick shutdown): stop
   the pool at once, recording its running jobs.
 * `worker_exit` -> `stop_worker`: waits for the drain (starting it if the
@@ -30,6 +32,7 @@ import logging
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +80,7 @@ def start_worker(worker: Any) -> None:
             # Web-only: jobs run in `flask jobs work` processes.
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
             return
-        pool = get_jobs(app).start_pool()
+        pool = get_jobs(app).start_pool(on_fatal=_stop_serving(worker))
     except migrations.MigrationError as error:
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
@@ -88,6 +91,18 @@ def start_worker(worker: Any) -> None:
         sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
     gevent.spawn(_watch, worker)
+
+
+def _stop_serving(worker: Any) -> Callable[[str], None]:
+    """The pool's `on_fatal`: it has logged why it cannot go on (at ERROR).
+    Clearing `alive` is what SIGTERM does in a gevent worker: it stops
+    accepting and finishes its requests, the watcher drains the pool within
+    the graceful timeout, and the master boots a replacement."""
+
+    def on_fatal(reason: str) -> None:
+        worker.alive = False
+
+    return on_fatal
 
 
 def _watch(worker: Any) -> None:

@@ -1,0 +1,23 @@
+"""`give_up`: a job kind whose handler does what a pool does when it finds it
+cannot go on: it calls the `on_fatal` its owner gave `start_pool`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mealquest.jobs.model import Failure
+from mealquest.jobs.runner import JobContext
+from mealquest.jobs.service import JobService
+from tests.support.kinds import EmptySchema
+
+REASON = "a give_up job asked its process to stop"
+
+
+def register_give_up(service: JobService) -> None:
+    def give_up(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        if service.on_fatal is None:
+            raise Failure("the pool's owner gave it no on_fatal")
+        service.on_fatal(REASON)
+        return {}
+
+    service.registry.register("give_up", give_up, payload=EmptySchema, result=EmptySchema)
