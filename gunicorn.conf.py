@@ -3,8 +3,10 @@
 This file is read by the master (and again on SIGHUP). It imports nothing of
 ours and opens nothing at module level: a connection or a module-level lock
 made before fork would be shared by, or stay unpatched in, every worker. The
-hooks import `mealquest.serving` inside their bodies, in the worker, once the
-gevent worker has monkey-patched. No `preload_app`, for the same reason.
+worker hooks import `mealquest.serving.worker` inside their bodies, in the
+worker, once the gevent worker has monkey-patched; the master's preflight
+runs `mealquest.serving.preflight` in a child process. No `preload_app`, for
+the same reason.
 
 Any setting can be overridden with GUNICORN_CMD_ARGS or command-line flags.
 """
@@ -74,15 +76,16 @@ loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")
 def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> None:
     # Why this hook: with old_value None it is the earliest hook gunicorn runs,
     # once, while the master is being built, before it logs, binds or forks
-    # anything. So a database behind the code's migrations stops the start
-    # with our line as the first one printed (later worker-count changes pass
-    # here with a number and are ignored; workers check again as they start).
-    # The check runs in a child process so that the master never imports the
-    # app or opens the database.
+    # anything. So a bad MEALQUEST_ setting or a database behind the code's
+    # migrations stops the start with our one line as the first one printed
+    # (a database ahead of the code is served, with a warning). Later
+    # worker-count changes pass here with a number and are ignored; workers
+    # check again as they start. The check runs in a child process so that
+    # the master never imports the app or opens the database.
     if old_value is not None:
         return
     check = (
-        "import sys; from mealquest.serving import check_database; "
+        "import sys; from mealquest.serving.preflight import check_database; "
         "sys.exit(check_database(sys.argv[1]))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -104,8 +107,10 @@ def post_worker_init(worker: Worker) -> None:
     # just before it serves, so the pool's greenlets, the store's threadpool
     # and every socket a job opens are gevent's. It also refuses a database
     # behind the migrations (the worker exits with gunicorn's boot-error
-    # status, which stops the master).
-    from mealquest.serving import start_worker
+    # status, which stops the master) and serves one ahead of them with a
+    # warning. A pool that cannot go on makes its worker stop serving, drain
+    # and be replaced, as on SIGTERM.
+    from mealquest.serving.worker import start_worker
 
     start_worker(worker)
 
@@ -114,7 +119,7 @@ def worker_int(worker: Worker) -> None:
     # Why this hook: it runs in the worker on SIGINT/SIGQUIT (quick shutdown),
     # just before it exits: running jobs are stopped and recorded at once
     # rather than left to their leases.
-    from mealquest.serving import interrupt_worker
+    from mealquest.serving.worker import interrupt_worker
 
     interrupt_worker(worker)
 
@@ -130,6 +135,6 @@ def worker_exit(server: Arbiter, worker: Worker) -> None:
     # there.
     if worker.pid != os.getpid():
         return
-    from mealquest.serving import stop_worker
+    from mealquest.serving.worker import stop_worker
 
     stop_worker(worker)

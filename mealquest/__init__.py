@@ -8,19 +8,22 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import cli, errors, health, recipes, serving
+from mealquest import cli, errors, health, recipes
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS
+from mealquest.config_check import ConfigError, check_config
 from mealquest.extensions import init_store
 from mealquest.jobs import service as jobs_service
 from mealquest.jobs.cli import jobs_cli
 from mealquest.logs import configure_logging
+from mealquest.serving import middleware
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Build the app: defaults, then `MEALQUEST_*` environment, then `test_config`.
 
-    Opens nothing and starts nothing: the store connects on first use in the
+    Checks every value first (ConfigError, naming the variable), then opens
+    nothing and starts nothing: the store connects on first use in the
     process that uses it, and the job pool is started by the gunicorn worker
     hooks or `flask jobs work`.
     """
@@ -29,6 +32,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.config.from_prefixed_env("MEALQUEST")
     if test_config is not None:
         app.config.from_mapping(test_config)
+    check_config(app.config)
     if not app.config["DATABASE"]:
         app.config["DATABASE"] = os.path.join(app.instance_path, "mealquest.sqlite3")
 
@@ -41,5 +45,16 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.cli.add_command(jobs_cli)
     app.register_blueprint(health.bp)
     app.register_blueprint(api_bp)
-    serving.init_app(app)
+    middleware.init_app(app)
     return app
+
+
+def create_app_or_exit() -> Flask:
+    """`create_app()` for the modules that Flask's CLI and gunicorn import
+    (`wsgi.py`, `app.py`): a bad configuration value ends the process with
+    its one line on stderr and status 1, not a traceback, whatever command
+    was starting."""
+    try:
+        return create_app()
+    except ConfigError as error:
+        raise SystemExit(f"mealquest: {error}") from None

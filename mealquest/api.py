@@ -2,9 +2,9 @@
 
 Authentication is one app-wide `before_request` on the path prefix rather
 than a decorator on each view, so a route added later cannot forget it, and
-a path no route matches (404) or a method no route allows (405) under the
-prefix is refused without a token too (a blueprint's own hook never runs
-for those).
+a path no route matches (404), a method no route allows (405) and OPTIONS
+under the prefix are refused without a token too (a blueprint's own hook
+never runs for the first two).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
 
-from mealquest.auth import token_auth
+from mealquest.auth import require_token
 from mealquest.jobs.api import bp as jobs_bp
 from mealquest.openapi import bp as openapi_bp
 from mealquest.recipes.api import imports_bp as recipe_imports_bp
@@ -23,16 +23,11 @@ PREFIX = "/api/v1"
 bp = Blueprint("api", __name__, url_prefix=PREFIX)
 
 
-@token_auth.login_required
-def _authenticated() -> None:
-    """Returns None to let an authenticated request through."""
-
-
 @bp.before_app_request
 def _require_token() -> ResponseReturnValue | None:
     path = request.path
     if path == PREFIX or path.startswith(PREFIX + "/"):
-        return _authenticated()
+        return require_token()
     return None
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from flask import Response
+from flask import Response, g
+from flask.typing import ResponseReturnValue
 from flask_httpauth import HTTPTokenAuth
 
 from mealquest.errors import error_response
@@ -23,6 +24,23 @@ def _verify_token(token: str) -> Household | None:
 def _auth_error(status: int) -> tuple[Response, int]:
     # flask-httpauth sends a bare body as 200: the status must be returned too.
     return error_response(status, "unauthorized", "a valid bearer token is required")
+
+
+def require_token() -> ResponseReturnValue | None:
+    """The 401 answer unless the request carries a live token; None lets it through.
+
+    The steps of flask-httpauth's `login_required`, for every method: that
+    decorator lets OPTIONS through unchecked (for browsers' CORS preflights,
+    which this API does not serve), and an OPTIONS answer still tells a
+    stranger which methods a path has.
+    """
+    auth = token_auth.get_auth()
+    household = token_auth.authenticate(auth, token_auth.get_auth_password(auth))
+    if not isinstance(household, Household):
+        return token_auth.auth_error_callback(401)
+    # Where `login_required` keeps the user for `token_auth.current_user()`.
+    g.flask_httpauth_user = household
+    return None
 
 
 def current_household() -> Household:

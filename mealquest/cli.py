@@ -31,14 +31,21 @@ def _database_error(error: sqlite3.Error) -> click.ClickException:
 
 
 def _migrated_store() -> Store:
-    """The app's store, once the database is known to be fully migrated."""
+    """The app's store, once the database is known to be migrated (or ahead of
+    the code: a newer release migrated it; a warning says so)."""
+    store = get_store()
     try:
-        migrations.require_current(current_app.config["DATABASE"])
-    except migrations.MigrationError as error:
+        migrations.require_migrated(store)
+    except (migrations.MigrationError, StoreError) as error:
         raise _fail(error) from None
     except sqlite3.Error as error:
         raise _database_error(error) from None
-    return get_store()
+    return store
+
+
+def _echo_unknown(ledger: migrations.Ledger) -> None:
+    for name in ledger.unknown:
+        click.echo(f"{name}.sql  applied, not known to this code (a newer release's)")
 
 
 @db_cli.command("upgrade")
@@ -53,21 +60,27 @@ def db_upgrade() -> None:
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
+    try:
+        ledger = migrations.status(current_app.config["DATABASE"])
+    except (migrations.MigrationError, sqlite3.Error):
+        return  # nothing more to say than what was applied
+    _echo_unknown(ledger)
 
 
 @db_cli.command("status")
 def db_status() -> None:
     """List applied and pending migrations; exits 1 while any is pending."""
     try:
-        states = migrations.status(current_app.config["DATABASE"])
+        ledger = migrations.status(current_app.config["DATABASE"])
     except migrations.MigrationError as error:
         raise _fail(error) from None
     except sqlite3.Error as error:
         raise _database_error(error) from None
-    for state in states:
+    for state in ledger.states:
         when = f"applied {state.applied_at}" if state.applied else "pending"
         click.echo(f"{state.migration.path.name}  {when}")
-    if any(not state.applied for state in states):
+    _echo_unknown(ledger)
+    if ledger.pending:
         raise click.exceptions.Exit(1)
 
 

@@ -2,7 +2,8 @@
 
 `create_app` reads these, then `MEALQUEST_*` environment variables (Flask's
 `from_prefixed_env`, which parses values as JSON: `MEALQUEST_JOB_WORKERS=8`
-is the number 8), then the mapping a test passes.
+is the number 8), then the mapping a test passes, and checks the result
+(`mealquest.config_check`, which has a rule for every key here).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ DEFAULTS: dict[str, Any] = {
     # A running job's lease; a process renews the leases of its jobs every
     # JOB_HEARTBEAT_SECONDS, and a lease not renewed in time is rescued.
     "JOB_LEASE_SECONDS": 30.0,
-    "JOB_HEARTBEAT_SECONDS": 10.0,
-    # How often each process rescues jobs whose lease expired.
-    "JOB_RESCUE_SECONDS": 15.0,
+    # None: a third of the lease. Set, it must be below the lease.
+    "JOB_HEARTBEAT_SECONDS": None,
+    # How often each process rescues jobs whose lease expired; None: half the lease.
+    "JOB_RESCUE_SECONDS": None,
     # How long a stopping pool lets running jobs finish before it stops them.
     "JOB_STOP_TIMEOUT_SECONDS": 25.0,
     # Whether each gunicorn web worker runs a job pool (True), or serves HTTP

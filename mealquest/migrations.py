@@ -7,21 +7,41 @@ procedure) cannot fire `ON DELETE CASCADE`, and ends with
 `PRAGMA foreign_key_check` before it commits. An applied file whose checksum
 changed is refused rather than skipped.
 
-This runs in the foreground (Flask CLI, before gunicorn starts), so it uses a
-plain connection that may wait on locks.
+`upgrade` runs in the foreground (Flask CLI, before gunicorn starts), so it
+uses a plain connection that may wait on locks. Serving processes check the
+database with `require_migrated`, through their store, once.
+
+A database may be *ahead* of the code: in a rolling deploy the new release's
+`flask db upgrade` runs while the old release still serves, and old workers
+restart (SIGHUP, `max_requests`, a crash) before the new code replaces them.
+Such a database is served, with a warning naming the migrations this code
+does not know, because a release's migrations are written so that the
+previous release keeps working. It is accepted only in the shape a newer
+release of this same code leaves: every migration this code knows applied,
+and the unknown ones numbered above all of them. An unknown migration
+numbered below one this code knows (a gap), or one applied while a known one
+is still pending, cannot come from a newer release: the database and the
+code have different histories, and that is refused like a changed checksum.
+A database *behind* the code (pending migrations) is refused with the
+command to run.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
+import os
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mealquest.clock import to_text, utc_now
-from mealquest.store import connect
+from mealquest.store import Store, connect
+
+logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -43,6 +63,10 @@ class MigrationError(Exception):
 class DatabaseNotMigrated(MigrationError):
     """The database is behind the code's migrations: run `flask db upgrade`."""
 
+    def __init__(self, message: str | None = None, pending: Sequence[str] = ()) -> None:
+        super().__init__(message or self.__doc__)
+        self.pending = tuple(pending)
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -60,6 +84,20 @@ class MigrationState:
     @property
     def applied(self) -> bool:
         return self.applied_at is not None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What a database has applied, as this code sees it."""
+
+    states: tuple[MigrationState, ...]
+    """Every migration this code knows, applied or pending, in order."""
+    unknown: tuple[str, ...] = ()
+    """Applied migrations this code does not know (`NNNN_name`), all newer than its own."""
+
+    @property
+    def pending(self) -> tuple[Migration, ...]:
+        return tuple(state.migration for state in self.states if not state.applied)
 
 
 def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
@@ -132,28 +170,28 @@ def _applied(conn: sqlite3.Connection) -> dict[int, sqlite3.Row]:
     return {row["version"]: row for row in rows}
 
 
-def status_of(
-    conn: sqlite3.Connection, migrations: list[Migration] | None = None
-) -> list[MigrationState]:
-    """Every known migration with when it was applied; refuses changed applied files.
+def status_of(conn: sqlite3.Connection, migrations: list[Migration] | None = None) -> Ledger:
+    """Every known migration with when it was applied, and the newer unknown
+    ones; refuses changed applied files and a history this code does not share.
 
     Takes a connection so that a serving process can run it as a store read.
     """
     migrations = discover() if migrations is None else migrations
     applied = _applied(conn)
-    _check_checksums(migrations, applied)
-    return [
+    unknown = _check_ledger(migrations, applied)
+    states = tuple(
         MigrationState(m, applied[m.version]["applied_at"] if m.version in applied else None)
         for m in migrations
-    ]
+    )
+    return Ledger(states, unknown)
 
 
-def status(path: str, directory: Path = MIGRATIONS_DIR) -> list[MigrationState]:
+def status(path: str, directory: Path = MIGRATIONS_DIR) -> Ledger:
     known = discover(directory)
     if not Path(path).exists():
         # Nothing is applied yet; looking must not create the file (or fail
         # because its folder does not exist yet).
-        return [MigrationState(m, None) for m in known]
+        return Ledger(tuple(MigrationState(m, None) for m in known))
     conn = _open(path)
     try:
         return status_of(conn, known)
@@ -161,36 +199,121 @@ def status(path: str, directory: Path = MIGRATIONS_DIR) -> list[MigrationState]:
         conn.close()
 
 
-def require_current_of(conn: sqlite3.Connection, migrations: list[Migration] | None = None) -> None:
-    """Raise DatabaseNotMigrated unless every migration is applied."""
-    if any(not state.applied for state in status_of(conn, migrations)):
-        raise DatabaseNotMigrated(DatabaseNotMigrated.__doc__)
+def require_current_of(
+    conn: sqlite3.Connection, migrations: list[Migration] | None = None
+) -> tuple[str, ...]:
+    """Raise DatabaseNotMigrated unless every known migration is applied; returns
+    the applied migrations this code does not know (a newer release's).
+
+    Checks on every call: serving code calls `require_migrated`, which caches a pass.
+    """
+    ledger = status_of(conn, migrations)
+    if ledger.pending:
+        names = [m.path.name for m in ledger.pending]
+        raise DatabaseNotMigrated(
+            f"the database is not migrated ({len(names)} pending: {', '.join(names)}); "
+            "run `flask db upgrade`",
+            names,
+        )
+    return ledger.unknown
 
 
-def require_current(path: str, directory: Path = MIGRATIONS_DIR) -> None:
+def require_current(path: str, directory: Path = MIGRATIONS_DIR) -> tuple[str, ...]:
+    """`require_current_of` on the file at `path`, with a plain connection."""
     if not Path(path).exists():
-        raise DatabaseNotMigrated(DatabaseNotMigrated.__doc__)
+        raise DatabaseNotMigrated(
+            f"the database {path} does not exist; run `flask db upgrade`",
+            [m.path.name for m in discover(directory)],
+        )
     conn = _open(path)
     try:
-        require_current_of(conn, discover(directory))
+        return require_current_of(conn, discover(directory))
     finally:
         conn.close()
 
 
-def _check_checksums(migrations: list[Migration], applied: dict[int, sqlite3.Row]) -> None:
+# The databases (absolute path, migrations folder) this process found migrated.
+_passed: set[tuple[str, Path]] = set()
+
+
+@functools.cache
+def _known(directory: Path) -> list[Migration]:
+    """The code's migrations, read and hashed once per process: its files do
+    not change while it runs."""
+    return discover(directory)
+
+
+def require_migrated(store: Store, directory: Path = MIGRATIONS_DIR) -> None:
+    """Refuse a database behind this code's migrations (DatabaseNotMigrated,
+    naming `flask db upgrade`) or with another history (MigrationError); let
+    one ahead of it through, logging a WARNING that names what it does not know.
+
+    The one check of every serving path: gunicorn's preflight and workers,
+    `flask jobs work`, the CLI's commands, `/healthz`. A pass is remembered
+    for the life of the process, per database: migrations are only ever
+    added and the code's files do not change while it runs, so later calls
+    cost nothing (the warning is logged once). A refusal is not remembered:
+    after the operator's `flask db upgrade` the next call passes. Reads
+    through `store`, so it never waits on a lock on the hub; a missing file is
+    refused without being created.
+    """
+    key = (os.path.abspath(store.path), directory)
+    if key in _passed:
+        return
+    known = _known(directory)
+    if not os.path.exists(store.path):
+        raise DatabaseNotMigrated(
+            f"the database {store.path} does not exist; run `flask db upgrade`",
+            [m.path.name for m in known],
+        )
+    try:
+        unknown = store.read(require_current_of, known)
+    except DatabaseNotMigrated as error:
+        raise DatabaseNotMigrated(
+            f"the database {store.path} is not migrated ({len(error.pending)} pending: "
+            f"{', '.join(error.pending)}); run `flask db upgrade`",
+            error.pending,
+        ) from None
+    if unknown:
+        logger.warning(
+            "the database %s has migrations this code does not know (%s): serving it "
+            "(a newer release applied them; its migrations keep this release working)",
+            store.path,
+            ", ".join(unknown),
+        )
+    _passed.add(key)
+
+
+def _check_ledger(migrations: list[Migration], applied: dict[int, sqlite3.Row]) -> tuple[str, ...]:
+    """Refuse a changed applied file or a history this code does not share;
+    return the applied migrations it does not know (all newer than its own)."""
     known = {m.version: m for m in migrations}
     for version, row in applied.items():
         migration = known.get(version)
-        if migration is None:
-            raise MigrationError(
-                f"the database has migration {version:04d}_{row['name']} "
-                "that this code does not know: is the code older than the database?"
-            )
-        if migration.checksum != row["checksum"]:
+        if migration is not None and migration.checksum != row["checksum"]:
             raise MigrationError(
                 f"migration {migration.path.name} was changed after it was applied; "
                 "add a new migration instead of editing an applied one"
             )
+    unknown = sorted(version for version in applied if version not in known)
+    if not unknown:
+        return ()
+    names = [f"{version:04d}_{applied[version]['name']}" for version in unknown]
+    newest = max(known, default=0)
+    if unknown[0] < newest:
+        raise MigrationError(
+            f"the database has migration {names[0]} that this code does not know, numbered "
+            f"below its own {known[newest].path.name}: the database and the code have "
+            "different migration histories"
+        )
+    pending = [m.path.name for m in migrations if m.version not in applied]
+    if pending:
+        raise MigrationError(
+            f"the database has migration {names[0]} that this code does not know but not "
+            f"its own {', '.join(pending)}: the database and the code have different "
+            "migration histories"
+        )
+    return tuple(names)
 
 
 def upgrade(
@@ -205,7 +328,8 @@ def upgrade(
         conn.execute(_LEDGER)
         migrations = discover(directory)
         applied = _applied(conn)
-        _check_checksums(migrations, applied)
+        # A database ahead of this code has nothing pending for it.
+        _check_ledger(migrations, applied)
         done = []
         for migration in migrations:
             if migration.version in applied:
@@ -225,7 +349,7 @@ def _applied_meanwhile(conn: sqlite3.Connection, migration: Migration) -> bool:
     ).fetchone()
     if row is None:
         return False
-    _check_checksums([migration], {migration.version: row})
+    _check_ledger([migration], {migration.version: row})
     return True
 
 

@@ -1,4 +1,7 @@
-"""The app factory's configuration order, health, and the log line format."""
+"""The app factory's configuration order, health, and the log line format.
+
+Each value's checks are in tests/test_config.py.
+"""
 
 from __future__ import annotations
 
@@ -70,11 +73,6 @@ def test_create_app_opens_nothing(tmp_path):
     assert not path.parent.exists()
     get_store(app).close()
     assert not path.parent.exists()
-
-
-def test_a_bad_synchronous_setting_is_refused_at_startup(tmp_path):
-    with pytest.raises(ValueError, match="synchronous"):
-        create_app({"DATABASE": str(tmp_path / "x.sqlite3"), "DB_SYNCHRONOUS": "SOMETIMES"})
 
 
 # -- health -----------------------------------------------------------------------------------

@@ -67,6 +67,22 @@ def test_a_request_without_a_live_token_is_401(client, household, authorization)
     assert_unauthorized(client.get("/api/v1/jobs/" + "0" * 32, headers=headers))
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/jobs", "/api/v1/jobs/" + "0" * 32, "/api/v1/recipe-imports", "/api/v1/nothing"],
+)
+def test_options_needs_a_token_like_every_other_method(client, household, path):
+    assert_unauthorized(client.options(path))
+    assert_unauthorized(client.options(path, headers={"Authorization": "Bearer mq_unknown"}))
+
+    answer = client.options(path, headers={"Authorization": f"Bearer {household.token}"})
+    if path.endswith("/nothing"):
+        assert answer.status_code == 404
+    else:
+        assert answer.status_code == 200
+        assert "OPTIONS" in answer.headers["Allow"]
+
+
 def test_a_token_of_another_scheme_carrying_a_good_token_is_refused(client, household):
     assert_unauthorized(client.get("/api/v1/jobs", headers={"Authorization": household.token}))
     assert_unauthorized(

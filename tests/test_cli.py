@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mealquest import migrations
+from tests.support.ledger import add_newer_migration
 
 
 def bearer(token):
@@ -208,3 +209,24 @@ def test_db_commands_on_a_file_that_is_not_a_database_fail_clearly(make_app, tmp
         assert result.exit_code == 1, command
         assert f"Error: cannot use the database {path}" in result.output
         assert "not a database" in result.output
+
+
+# -- a database ahead of the code (a newer release migrated it) ------------------------------
+
+
+def test_commands_serve_a_database_ahead_of_the_code(runner, db_path, household):
+    name = add_newer_migration(db_path)
+
+    status = runner.invoke(args=["db", "status"])
+    assert status.exit_code == 0, status.output
+    assert f"{name}.sql  applied, not known to this code (a newer release's)" in status.output
+    assert "pending" not in status.output
+
+    upgrade = runner.invoke(args=["db", "upgrade"])
+    assert upgrade.exit_code == 0, upgrade.output
+    assert upgrade.output.splitlines()[0] == "database is up to date"
+    assert name in upgrade.output
+
+    listed = runner.invoke(args=["households", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "The Smiths" in listed.output

@@ -1,11 +1,15 @@
-"""`flask jobs list | show` (the `work` command runs in tests/test_multiprocess.py)."""
+"""`flask jobs list | show`, and how `flask jobs work` ends when its pool cannot go on
+(its other runs are in tests/test_multiprocess.py)."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 from mealquest.jobs.model import Status
 from tests.conftest import wait_for
+from tests.support.give_up import REASON, register_give_up
+from tests.support.processes import Process, process_group
 
 
 def test_jobs_list_and_show(runner, jobs, household, other_household):
@@ -45,3 +49,42 @@ def test_jobs_show_unknown_and_bad_status(runner):
     assert "no job" in missing.output
     bad = runner.invoke(args=["jobs", "list", "--status", "done"])
     assert bad.exit_code != 0
+
+
+def test_jobs_show_masks_the_secrets_of_urls_in_the_payload_and_result(
+    runner, jobs, store, household
+):
+    job_id = jobs.enqueue(
+        "recipe_import",
+        {"url": "https://x.example/r?token=SECRET"},
+        household_id=household.household_id,
+    )
+    # A result as a handler could write it, quoting an address with its credentials.
+    result = {"seen": ["https://u:SECRET2@x.example/r?sig=SECRET3#SECRET4"]}
+    store.write(
+        lambda tx: tx.execute(
+            "UPDATE jobs SET result = ? WHERE id = ?", (json.dumps(result), job_id)
+        )
+    )
+
+    shown = runner.invoke(args=["jobs", "show", job_id])
+    assert shown.exit_code == 0, shown.output
+    assert "SECRET" not in shown.output
+    row = json.loads(shown.output)
+    assert row["payload"] == {"url": "https://x.example/r?token=***"}
+    assert row["result"] == {"seen": ["https://***@x.example/r?sig=***#***"]}
+
+
+def test_flask_jobs_work_drains_and_exits_1_when_its_pool_cannot_go_on(jobs, db_path, household):
+    register_give_up(jobs)
+    job_id = jobs.enqueue("give_up", {}, household_id=household.household_id)
+    flask = [sys.executable, "-m", "flask", "--app", "tests.support.give_up_app", "jobs", "work"]
+    with process_group() as processes:
+        worker = Process(flask, {"MEALQUEST_DATABASE": db_path})
+        processes.append(worker)
+        assert worker.popen.wait(timeout=60) == 1
+        wait_for(lambda: "stopped:" in worker.output() and "Error:" in worker.output())
+    output = worker.output()
+    assert f"Error: the job pool could not go on ({REASON}); stopped" in output
+    assert "stopping: waiting for running jobs" in output
+    assert jobs.get(job_id).status == Status.SUCCEEDED

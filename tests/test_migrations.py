@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -87,8 +88,7 @@ def legacy_db(tmp_path: Path) -> str:
 
 def test_legacy_database_is_at_version_two(legacy_db):
     assert ledger(legacy_db) == [1, 2]
-    states = migrations.status(legacy_db)
-    assert next(s.migration.version for s in states if not s.applied) == 3
+    assert migrations.status(legacy_db).pending[0].version == 3
 
 
 def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
@@ -323,16 +323,139 @@ def test_a_changed_applied_migration_is_refused_naming_the_file(tmp_path):
         conn.close()
 
 
-def test_a_migration_the_code_does_not_know_is_refused(tmp_path):
-    path = str(tmp_path / "newer.sqlite3")
-    directory = write_migrations(
-        tmp_path / "m",
-        {"0001_tables.sql": PARENT_CHILD, "0002_more.sql": "CREATE TABLE more (id INTEGER);"},
+# -- a database ahead of the code, behind it, or with another history ----------------------
+
+THREE = {
+    "0001_a.sql": "CREATE TABLE a (id INTEGER PRIMARY KEY);",
+    "0002_b.sql": "CREATE TABLE b (id INTEGER PRIMARY KEY);",
+    "0003_c.sql": "CREATE TABLE c (id INTEGER PRIMARY KEY);",
+}
+
+
+def migrated_by(tmp_path: Path, files: dict[str, str]) -> str:
+    """A database migrated by a release whose migrations are `files`."""
+    path = str(tmp_path / "db.sqlite3")
+    migrations.upgrade(path, write_migrations(tmp_path / "release", files))
+    return path
+
+
+def code_with(tmp_path: Path, names: list[str]) -> Path:
+    """The migrations folder of a release that has only `names` of THREE."""
+    return write_migrations(tmp_path / "code", {name: THREE[name] for name in names})
+
+
+@pytest.fixture
+def store_of():
+    stores: list[Store] = []
+
+    def open_store(path: str) -> Store:
+        stores.append(Store(path))
+        return stores[-1]
+
+    yield open_store
+    for store in stores:
+        store.close()
+
+
+def test_a_database_ahead_of_the_code_is_served_with_one_warning(tmp_path, store_of):
+    path = migrated_by(tmp_path, THREE)
+    older = code_with(tmp_path, ["0001_a.sql", "0002_b.sql"])
+    store = store_of(path)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("mealquest.migrations")
+    logger.addHandler(handler)
+    try:
+        migrations.require_migrated(store, older)
+        migrations.require_migrated(store, older)
+    finally:
+        logger.removeHandler(handler)
+    warnings = [record.getMessage() for record in records]
+    assert len(warnings) == 1
+    assert "0003_c" in warnings[0]
+    assert migrations.require_current(path, older) == ("0003_c",)
+    # `flask db upgrade` of the older release has nothing to do there.
+    assert migrations.upgrade(path, older) == []
+    ledger = migrations.status(path, older)
+    assert (ledger.pending, ledger.unknown) == ((), ("0003_c",))
+
+
+def test_a_pass_is_checked_once_per_process_and_database(tmp_path, store_of):
+    path = migrated_by(tmp_path, THREE)
+    directory = tmp_path / "release"
+    store = store_of(path)
+    migrations.require_migrated(store, directory)
+    # Edited behind its back: a fresh check refuses it, the remembered pass does not look.
+    conn = raw(path)
+    try:
+        conn.execute("UPDATE schema_migrations SET checksum = 'edited' WHERE version = 1")
+    finally:
+        conn.close()
+    with pytest.raises(migrations.MigrationError, match="changed after it was applied"):
+        migrations.require_current(path, directory)
+    migrations.require_migrated(store, directory)
+    # Another database is checked on its own.
+    other = str(tmp_path / "other.sqlite3")
+    migrations.upgrade(other, directory, target=2)
+    with pytest.raises(migrations.DatabaseNotMigrated):
+        migrations.require_migrated(store_of(other), directory)
+
+
+def test_a_database_behind_the_code_is_refused_naming_what_to_run(tmp_path, store_of):
+    path = migrated_by(tmp_path, {name: THREE[name] for name in ["0001_a.sql"]})
+    newer = code_with(tmp_path, list(THREE))
+    store = store_of(path)
+    with pytest.raises(migrations.DatabaseNotMigrated) as raised:
+        migrations.require_migrated(store, newer)
+    assert str(raised.value) == (
+        f"the database {path} is not migrated (2 pending: 0002_b.sql, 0003_c.sql); "
+        "run `flask db upgrade`"
     )
-    migrations.upgrade(path, directory)
-    (directory / "0002_more.sql").unlink()
-    with pytest.raises(migrations.MigrationError, match="0002_more"):
-        migrations.upgrade(path, directory)
+    assert raised.value.pending == ("0002_b.sql", "0003_c.sql")
+    # A refusal is not remembered: once migrated, the next check passes.
+    migrations.upgrade(path, newer)
+    migrations.require_migrated(store, newer)
+
+
+def test_a_missing_database_is_refused_and_not_created(tmp_path, store_of):
+    path = tmp_path / "missing" / "db.sqlite3"
+    with pytest.raises(migrations.DatabaseNotMigrated, match="does not exist; run `flask db"):
+        migrations.require_migrated(store_of(str(path)))
+    assert not path.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("applied", "known"),
+    [
+        (["0001_a.sql", "0002_b.sql", "0003_c.sql"], ["0001_a.sql", "0003_c.sql"]),
+        (["0001_a.sql", "0003_c.sql"], ["0001_a.sql", "0002_b.sql"]),
+    ],
+    ids=["unknown-below-a-known-one", "unknown-while-a-known-one-is-pending"],
+)
+def test_an_unknown_migration_that_no_newer_release_could_have_applied_is_refused(
+    tmp_path, store_of, applied, known
+):
+    """A newer release numbers its migrations after every older one and
+    applies them in order, so these databases have another history."""
+    path = migrated_by(tmp_path, {name: THREE[name] for name in applied})
+    code = code_with(tmp_path, known)
+    for check in (
+        lambda: migrations.require_migrated(store_of(path), code),
+        lambda: migrations.status(path, code),
+        lambda: migrations.upgrade(path, code),
+    ):
+        with pytest.raises(migrations.MigrationError, match="different migration histories"):
+            check()
+    assert len(ledger(path)) == len(applied)
+
+
+def test_a_changed_applied_migration_is_refused_by_the_serving_check(tmp_path, store_of):
+    path = migrated_by(tmp_path, THREE)
+    (tmp_path / "release" / "0002_b.sql").write_text("-- edited\n" + THREE["0002_b.sql"])
+    with pytest.raises(migrations.MigrationError, match=r"0002_b\.sql was changed"):
+        migrations.require_migrated(store_of(path), tmp_path / "release")
 
 
 def test_a_broken_migration_rolls_back_whole(tmp_path):
@@ -365,7 +488,7 @@ def test_a_broken_migration_rolls_back_whole(tmp_path):
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     finally:
         conn.close()
-    states = migrations.status(path, directory)
+    states = migrations.status(path, directory).states
     assert [(s.migration.version, s.applied) for s in states] == [(1, True), (2, False), (3, False)]
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import click
 import gevent
@@ -16,6 +17,8 @@ from gevent import monkey
 from mealquest import migrations
 from mealquest.extensions import get_jobs
 from mealquest.jobs.model import Job, Status
+from mealquest.masking import mask
+from mealquest.store import StoreError
 
 jobs_cli = AppGroup("jobs", help="The job queue.")
 
@@ -48,12 +51,23 @@ def jobs_list(status: str | None, kind: str | None, household_id: int | None, li
 @jobs_cli.command("show")
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
-    """Every column of one job, as JSON."""
+    """Every column of one job, as JSON, with the secrets URLs may carry masked."""
     job = get_jobs().get(job_id)
     if job is None:
         raise click.ClickException(f"no job {job_id}")
-    row = {**job.__dict__, "status": job.status.value}
-    click.echo(json.dumps(row, indent=2, sort_keys=True))
+    row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
+    click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
+
+
+def _decoded(payload: Any) -> Any:
+    """The payload as JSON values (so its URLs are found whole), or as stored
+    if it is not JSON text."""
+    if not isinstance(payload, str):
+        return payload
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return payload
 
 
 def _run_from_flask_cli() -> bool:
@@ -86,14 +100,26 @@ def _restart_monkey_patched() -> None:
 
 @jobs_cli.command("work")
 def jobs_work() -> None:
-    """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully."""
+    """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully.
+
+    Exits 1 after the same graceful stop if the pool finds it cannot go on,
+    so that a supervisor (systemd's `Restart=on-failure`) starts a new one.
+    """
     _restart_monkey_patched()
     service = get_jobs()
-    try:
-        pool = service.start_pool()
-    except migrations.DatabaseNotMigrated as error:
-        raise click.ClickException(str(error)) from None
     stop_requested = gevent.event.Event()
+    fatal: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        # Called from the pool's greenlets; the pool has logged why at ERROR.
+        fatal.append(reason)
+        stop_requested.set()
+
+    try:
+        migrations.require_migrated(service.store)
+        pool = service.start_pool(on_fatal=on_fatal)
+    except (migrations.MigrationError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
     for signum in (signal.SIGINT, signal.SIGTERM):
         gevent.signal_handler(signum, stop_requested.set)
     patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"
@@ -108,3 +134,5 @@ def jobs_work() -> None:
         f"{len(report.failed)} interrupted",
         err=True,
     )
+    if fatal:
+        raise click.ClickException(f"the job pool could not go on ({fatal[0]}); stopped")

@@ -105,7 +105,7 @@ class JobService:
         """
         if self.pool is not None:
             raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
-        self.store.read(migrations.require_current_of, migrations.discover())
+        migrations.require_migrated(self.store)
         pool = Pool(self.store, self.registry, self.settings, on_fatal=on_fatal)
         pool.start()
         self.pool = pool

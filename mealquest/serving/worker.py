@@ -1,4 +1,4 @@
-"""Production serving: what gunicorn's hooks do in a worker, and the app's proxy settings.
+"""The gunicorn worker side: the job pool's life in a worker process.
 
 `gunicorn.conf.py` imports this module only inside its hook functions, so it
 is imported in a worker after the gevent worker has monkey-patched and
@@ -7,11 +7,15 @@ ours across fork). What happens when:
 
 * `post_worker_init` -> `start_worker`: refuses a database behind the
   migrations (the worker exits with gunicorn's boot-error status, which stops
-  the master), starts this process's job pool unless `JOB_POOL_IN_WEB` is
-  off, and spawns a watcher that begins the pool's drain as soon as the worker
-  stops serving. The gevent worker waits, on SIGTERM, only for HTTP requests
-  and runs no hook at that moment, so the watcher is what lets running jobs
-  use the graceful timeout instead of whatever is left of it at exit.
+  the master) and serves one ahead of them with a warning (a newer release
+  migrated it during a rolling deploy), starts this process's job pool
+  unless `JOB_POOL_IN_WEB` is off, and spawns a watcher that begins the
+  pool's drain as soon as the worker stops serving. The gevent worker waits,
+  on SIGTERM, only for HTTP requests and runs no hook at that moment, so the
+  watcher is what lets running jobs use the graceful timeout instead of
+  whatever is left of it at exit. A pool that finds it cannot go on calls
+  back, and the worker stops serving the same way: drained, then replaced by
+  the master.
 * `worker_int` -> `interrupt_worker` (SIGINT/SIGQUIT, quick shutdown): stop
   the pool at once, recording its running jobs.
 * `worker_exit` -> `stop_worker`: waits for the drain (starting it if the
@@ -25,23 +29,20 @@ loop no longer tells the master it is alive.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import sqlite3
 import sys
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import gevent
-from flask import Flask, Response, request
 from gevent.greenlet import Greenlet
-from werkzeug.middleware.proxy_fix import ProxyFix
 
 from mealquest import migrations
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.runner import Pool, StopReport
+from mealquest.serving import flask_app
 from mealquest.store import StoreError
 
 logger = logging.getLogger(__name__)
@@ -55,78 +56,6 @@ _WATCH_SECONDS = 0.1
 _WORKER_BOOT_ERROR = 3
 # Any other failing status: the master replaces the worker.
 _WORKER_START_FAILED = 1
-
-REQUEST_ID_HEADER = "X-Request-ID"
-# A forwarded request id is echoed only if it is short and plain: it ends up
-# in log lines.
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-
-
-# -- the app side: proxy headers and request ids --------------------------------
-
-
-def init_app(app: Flask) -> None:
-    """Trust `PROXY_FIX_HOPS` proxies' `X-Forwarded-*` headers, and give every
-    response an `X-Request-ID` (the proxy's, or a new one) for the access log."""
-    hops = int(app.config["PROXY_FIX_HOPS"])
-    if hops < 0:
-        raise ValueError("PROXY_FIX_HOPS must be 0 (no proxy) or the number of proxies")
-    if hops:
-        # Only as many hops as configured: a client can send its own
-        # X-Forwarded-For, and trusting one hop too many lets it pick its address.
-        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
-            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
-        )
-    app.after_request(_set_request_id)
-
-
-def _set_request_id(response: Response) -> Response:
-    forwarded = request.headers.get(REQUEST_ID_HEADER, "")
-    response.headers[REQUEST_ID_HEADER] = (
-        forwarded if _REQUEST_ID.match(forwarded) else uuid.uuid4().hex
-    )
-    return response
-
-
-# -- the master side: refuse to start on an unmigrated database ----------------
-
-
-def check_database(app_uri: str) -> int:
-    """Exit status for gunicorn's start: 0 if the app's database is fully
-    migrated, else 1 after printing one line that says what to run.
-
-    Run by the master in a child process (see gunicorn.conf.py), so the
-    master itself never imports the app or opens the database.
-    """
-    from gunicorn.util import import_app
-
-    path = flask_app(import_app(app_uri)).config["DATABASE"]
-    refusal = "mealquest: refusing to start: the database"
-    if not os.path.exists(path):
-        print(f"{refusal} {path} does not exist; run `flask db upgrade` first", file=sys.stderr)
-        return 1
-    try:
-        pending = [s.migration.path.name for s in migrations.status(path) if not s.applied]
-    except migrations.MigrationError as error:
-        print(f"{refusal} {path} cannot be used: {error}", file=sys.stderr)
-        return 1
-    if pending:
-        print(
-            f"{refusal} {path} is not migrated ({len(pending)} pending: {', '.join(pending)}); "
-            "run `flask db upgrade`, then start gunicorn again",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
-
-# -- the worker side: the pool's life in a gunicorn worker ---------------------
-
-
-def flask_app(wsgi: Any) -> Flask:
-    if not isinstance(wsgi, Flask):
-        raise TypeError("the gunicorn app must be the Flask app from create_app()")
-    return wsgi
 
 
 @dataclass
@@ -146,14 +75,12 @@ def start_worker(worker: Any) -> None:
     global _current
     app = flask_app(worker.wsgi)
     try:
-        if app.config["JOB_POOL_IN_WEB"]:
-            pool = get_jobs(app).start_pool()
-        else:
-            # Web-only: jobs run in `flask jobs work` processes; still refuse
-            # to serve a database behind the code.
-            get_store(app).read(migrations.require_current_of, migrations.discover())
+        migrations.require_migrated(get_store(app))
+        if not app.config["JOB_POOL_IN_WEB"]:
+            # Web-only: jobs run in `flask jobs work` processes.
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
             return
+        pool = get_jobs(app).start_pool(on_fatal=_stop_serving(worker))
     except migrations.MigrationError as error:
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
@@ -164,6 +91,18 @@ def start_worker(worker: Any) -> None:
         sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
     gevent.spawn(_watch, worker)
+
+
+def _stop_serving(worker: Any) -> Callable[[str], None]:
+    """The pool's `on_fatal`: it has logged why it cannot go on (at ERROR).
+    Clearing `alive` is what SIGTERM does in a gevent worker: it stops
+    accepting and finishes its requests, the watcher drains the pool within
+    the graceful timeout, and the master boots a replacement."""
+
+    def on_fatal(reason: str) -> None:
+        worker.alive = False
+
+    return on_fatal
 
 
 def _watch(worker: Any) -> None:

@@ -1,0 +1,187 @@
+"""Every configuration value checked in one place, when the app is created.
+
+`create_app` calls `check_config` before it builds anything, so a bad value
+stops every entry point (gunicorn, `flask db upgrade`, `flask jobs work`)
+before it opens or starts anything, with one line naming the `MEALQUEST_`
+variable the operator sets:
+
+    MEALQUEST_JOB_LEASE_SECONDS: must be a positive number (got "abc")
+
+Values come from `DEFAULTS`, then the environment (parsed as JSON where it
+is JSON, else kept as text), then a test's mapping. Each rule returns the
+value normalised (a float for seconds, an int for counts, upper case for a
+choice, a bool for a flag), which is written back, so later code reads
+plain values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+from mealquest.recipes.addresses import AddressPolicy
+from mealquest.store import SYNCHRONOUS_MODES
+
+ENV_PREFIX = "MEALQUEST_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Without an explicit value, a process renews its leases three times per
+# lease and rescues expired ones twice per lease.
+HEARTBEATS_PER_LEASE = 3
+RESCUES_PER_LEASE = 2
+
+Rule = Callable[[Any], Any]
+
+
+class ConfigError(ValueError):
+    """A configuration value cannot be used; the message names its variable."""
+
+
+class _Invalid(Exception):
+    """Why a rule refuses a value ("must be ..."); `check_config` adds the key."""
+
+
+def _number(value: Any) -> float:
+    """`value` as a float, or NaN if it is not a finite number (NaN fails every range)."""
+    # bool is an int to Python, but `true` is no number of seconds.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return math.nan
+    return float(value)
+
+
+def positive(value: Any) -> float:
+    number = _number(value)
+    if not number > 0:
+        raise _Invalid("must be a positive number")
+    return number
+
+
+def not_negative(value: Any) -> float:
+    number = _number(value)
+    if not number >= 0:
+        raise _Invalid("must be a number, 0 or more")
+    return number
+
+
+def whole(minimum: int) -> Rule:
+    def rule(value: Any) -> int:
+        number = _number(value)
+        if not (number.is_integer() and number >= minimum):
+            raise _Invalid(f"must be a whole number, {minimum} or more")
+        return int(number)
+
+    return rule
+
+
+def one_of(*choices: str) -> Rule:
+    def rule(value: Any) -> str:
+        if not isinstance(value, str) or value.upper() not in choices:
+            raise _Invalid(f"must be one of {', '.join(choices)}")
+        return value.upper()
+
+    return rule
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Invalid("must be true or false")
+
+
+def file_path(value: Any) -> str | None:
+    # None (or empty): the default file in the instance folder.
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _Invalid("must be a file path")
+    return value
+
+
+def networks(value: Any) -> Any:
+    try:
+        AddressPolicy.build(False, value)
+    except (TypeError, ValueError):
+        raise _Invalid('must be a list of networks, e.g. ["10.1.2.0/24"]') from None
+    return value
+
+
+def derived(rule: Rule) -> Rule:
+    """`rule`, or None: the value is derived from another one (see `_derive`)."""
+
+    def optional(value: Any) -> Any:
+        return None if value is None else rule(value)
+
+    return optional
+
+
+RULES: dict[str, Rule] = {
+    "DATABASE": file_path,
+    "DB_SYNCHRONOUS": one_of(*SYNCHRONOUS_MODES),
+    "DB_BUSY_TIMEOUT_SECONDS": positive,
+    "JOB_WORKERS": whole(1),
+    "JOB_POLL_SECONDS": positive,
+    "JOB_CHANGE_CHECK_SECONDS": positive,
+    "JOB_LEASE_SECONDS": positive,
+    "JOB_HEARTBEAT_SECONDS": derived(positive),
+    "JOB_RESCUE_SECONDS": derived(positive),
+    "JOB_STOP_TIMEOUT_SECONDS": not_negative,
+    "JOB_POOL_IN_WEB": flag,
+    "PROXY_FIX_HOPS": whole(0),
+    "MAX_CONTENT_LENGTH": whole(1),
+    "MAX_URI_LENGTH": whole(1),
+    "LOG_LEVEL": one_of(*LOG_LEVELS),
+    "ALLOW_PRIVATE_URLS": flag,
+    "RECIPE_FETCH_ALLOWED_NETWORKS": networks,
+    "RECIPE_FETCH_CONNECT_TIMEOUT_SECONDS": positive,
+    "RECIPE_FETCH_TIMEOUT_SECONDS": positive,
+    "RECIPE_FETCH_MAX_BYTES": whole(1),
+    "RECIPE_FETCH_MAX_REDIRECTS": whole(0),
+    "RECIPE_IMPORT_RETRY_SECONDS": positive,
+}
+
+
+def check_config(config: MutableMapping[str, Any]) -> None:
+    """Check every key of `RULES`, derive the job intervals left unset, and
+    write the normalised values back; raise ConfigError at the first bad one."""
+    values = {}
+    for key, rule in RULES.items():
+        try:
+            values[key] = rule(config.get(key))
+        except _Invalid as invalid:
+            raise _error(key, str(invalid), config.get(key)) from None
+    _derive(values, config)
+    config.update(values)
+
+
+def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """The heartbeat and the rescue interval follow the lease unless set, so
+    that changing the lease alone keeps them consistent with it."""
+    lease = values["JOB_LEASE_SECONDS"]
+    if values["JOB_HEARTBEAT_SECONDS"] is None:
+        values["JOB_HEARTBEAT_SECONDS"] = lease / HEARTBEATS_PER_LEASE
+    elif values["JOB_HEARTBEAT_SECONDS"] >= lease:
+        raise _error(
+            "JOB_HEARTBEAT_SECONDS",
+            f"must be below {ENV_PREFIX}JOB_LEASE_SECONDS ({lease:g}), or unset "
+            "to renew every third of the lease",
+            given["JOB_HEARTBEAT_SECONDS"],
+        )
+    if values["JOB_RESCUE_SECONDS"] is None:
+        values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+
+
+def _error(key: str, reason: str, value: Any) -> ConfigError:
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):
+        shown = repr(value)
+    return ConfigError(f"{ENV_PREFIX}{key}: {reason} (got {shown})")

@@ -1,0 +1,35 @@
+"""The app side of serving: trusted proxy headers, and a request id on every response."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from flask import Flask, Response, request
+from werkzeug.middleware.proxy_fix import ProxyFix
+
+REQUEST_ID_HEADER = "X-Request-ID"
+# A forwarded request id is echoed only if it is short and plain: it ends up
+# in log lines.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def init_app(app: Flask) -> None:
+    """Trust `PROXY_FIX_HOPS` proxies' `X-Forwarded-*` headers, and give every
+    response an `X-Request-ID` (the proxy's, or a new one) for the access log."""
+    hops = app.config["PROXY_FIX_HOPS"]  # a whole number, 0 or more (config_check)
+    if hops:
+        # Only as many hops as configured: a client can send its own
+        # X-Forwarded-For, and trusting one hop too many lets it pick its address.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
+        )
+    app.after_request(_set_request_id)
+
+
+def _set_request_id(response: Response) -> Response:
+    forwarded = request.headers.get(REQUEST_ID_HEADER, "")
+    response.headers[REQUEST_ID_HEADER] = (
+        forwarded if _REQUEST_ID.match(forwarded) else uuid.uuid4().hex
+    )
+    return response

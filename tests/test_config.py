@@ -1,0 +1,179 @@
+"""Configuration checks: every bad value is one line naming its `MEALQUEST_` variable,
+raised before anything starts; the job intervals follow the lease unless set."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mealquest import create_app, migrations
+from mealquest.config import DEFAULTS
+from mealquest.config_check import RULES, ConfigError
+from mealquest.extensions import get_jobs, get_store
+from tests.support.servers import APP, BIN, serving_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(tmp_path, **config):
+    app = create_app({"TESTING": True, "DATABASE": str(tmp_path / "x.sqlite3"), **config})
+    get_store(app).close()
+    return app
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("JOB_LEASE_SECONDS", "abc", 'must be a positive number (got "abc")'),
+        ("JOB_LEASE_SECONDS", 0, "must be a positive number (got 0)"),
+        ("JOB_LEASE_SECONDS", True, "must be a positive number (got true)"),
+        ("JOB_POLL_SECONDS", -1, "must be a positive number (got -1)"),
+        ("JOB_CHANGE_CHECK_SECONDS", None, "must be a positive number (got null)"),
+        ("DB_BUSY_TIMEOUT_SECONDS", [], "must be a positive number (got [])"),
+        ("RECIPE_FETCH_TIMEOUT_SECONDS", "20s", 'must be a positive number (got "20s")'),
+        ("JOB_HEARTBEAT_SECONDS", 0, "must be a positive number (got 0)"),
+        ("JOB_RESCUE_SECONDS", "often", 'must be a positive number (got "often")'),
+        ("JOB_STOP_TIMEOUT_SECONDS", -0.5, "must be a number, 0 or more (got -0.5)"),
+        ("JOB_WORKERS", 0, "must be a whole number, 1 or more (got 0)"),
+        ("JOB_WORKERS", 2.5, "must be a whole number, 1 or more (got 2.5)"),
+        ("PROXY_FIX_HOPS", -1, "must be a whole number, 0 or more (got -1)"),
+        ("MAX_CONTENT_LENGTH", "64k", 'must be a whole number, 1 or more (got "64k")'),
+        ("RECIPE_FETCH_MAX_REDIRECTS", -2, "must be a whole number, 0 or more (got -2)"),
+        (
+            "DB_SYNCHRONOUS",
+            "SOMETIMES",
+            'must be one of OFF, NORMAL, FULL, EXTRA (got "SOMETIMES")',
+        ),
+        (
+            "LOG_LEVEL",
+            "LOUD",
+            'must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL (got "LOUD")',
+        ),
+        ("JOB_POOL_IN_WEB", "maybe", 'must be true or false (got "maybe")'),
+        ("ALLOW_PRIVATE_URLS", 2, "must be true or false (got 2)"),
+        (
+            "RECIPE_FETCH_ALLOWED_NETWORKS",
+            ["10.1.2.0/24", "intranet"],
+            'must be a list of networks, e.g. ["10.1.2.0/24"] (got ["10.1.2.0/24", "intranet"])',
+        ),
+        ("DATABASE", 5, "must be a file path (got 5)"),
+        (
+            "JOB_HEARTBEAT_SECONDS",
+            30,
+            "must be below MEALQUEST_JOB_LEASE_SECONDS (30), or unset to renew every third "
+            "of the lease (got 30)",
+        ),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_its_variable(tmp_path, key, value, message):
+    with pytest.raises(ConfigError) as raised:
+        create_app({"TESTING": True, "DATABASE": str(tmp_path / "x.sqlite3"), key: value})
+    assert str(raised.value) == f"MEALQUEST_{key}: {message}"
+
+
+def test_every_default_has_a_rule_and_passes_it(tmp_path):
+    assert set(RULES) == set(DEFAULTS)
+    build(tmp_path)
+
+
+def test_values_are_normalised_for_the_code_that_reads_them(tmp_path):
+    app = build(
+        tmp_path,
+        DB_SYNCHRONOUS="full",
+        LOG_LEVEL="warning",
+        JOB_POOL_IN_WEB="no",
+        ALLOW_PRIVATE_URLS=1,
+        JOB_WORKERS=8.0,
+        JOB_LEASE_SECONDS=20,
+    )
+    config = app.config
+    assert (config["DB_SYNCHRONOUS"], config["LOG_LEVEL"]) == ("FULL", "WARNING")
+    assert (config["JOB_POOL_IN_WEB"], config["ALLOW_PRIVATE_URLS"]) == (False, True)
+    assert config["JOB_WORKERS"] == 8
+    assert isinstance(config["JOB_WORKERS"], int)
+    assert config["JOB_LEASE_SECONDS"] == 20.0
+    assert isinstance(config["JOB_LEASE_SECONDS"], float)
+
+
+def test_the_heartbeat_and_rescue_follow_the_lease_unless_set(tmp_path):
+    settings = get_jobs(build(tmp_path, JOB_LEASE_SECONDS=6)).settings
+    assert (settings.lease_seconds, settings.heartbeat_seconds, settings.rescue_seconds) == (
+        6.0,
+        2.0,
+        3.0,
+    )
+    defaults = get_jobs(build(tmp_path)).settings
+    assert (defaults.lease_seconds, defaults.heartbeat_seconds, defaults.rescue_seconds) == (
+        30.0,
+        10.0,
+        15.0,
+    )
+    chosen = get_jobs(
+        build(tmp_path, JOB_LEASE_SECONDS=6, JOB_HEARTBEAT_SECONDS=1, JOB_RESCUE_SECONDS=5)
+    ).settings
+    assert (chosen.heartbeat_seconds, chosen.rescue_seconds) == (1.0, 5.0)
+
+
+# -- the real commands, as an operator runs them ---------------------------------------------
+
+
+def flask(tmp_path, *args: str, **config: object) -> subprocess.CompletedProcess[str]:
+    """`flask ARGS` from the repository root (Flask finds `wsgi.py`), configured
+    only by the `MEALQUEST_*` variables given."""
+    env = serving_env(str(tmp_path / "mealquest.sqlite3"))
+    for key in ("JOB_LEASE_SECONDS", "JOB_HEARTBEAT_SECONDS", "JOB_RESCUE_SECONDS"):
+        del env[f"MEALQUEST_{key}"]
+    env.update({f"MEALQUEST_{key}": str(value) for key, value in config.items()})
+    return subprocess.run(
+        [sys.executable, "-m", "flask", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_flask_db_upgrade_works_with_only_the_lease_set(tmp_path):
+    result = flask(tmp_path, "db", "upgrade", JOB_LEASE_SECONDS=6)
+    assert result.returncode == 0, result.stderr
+    assert "migration(s) applied" in result.stdout
+    migrations.require_current(str(tmp_path / "mealquest.sqlite3"))
+
+
+@pytest.mark.parametrize(
+    "command", [("db", "upgrade"), ("jobs", "work"), ("households", "list")], ids=" ".join
+)
+def test_a_flask_command_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp_path, command):
+    result = flask(tmp_path, *command, JOB_LEASE_SECONDS="abc")
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        'mealquest: MEALQUEST_JOB_LEASE_SECONDS: must be a positive number (got "abc")'
+    ]
+    assert result.stdout == ""
+    assert not (tmp_path / "mealquest.sqlite3").exists()
+
+
+@pytest.mark.parametrize("app", ["wsgi:app", APP], ids=["wsgi", "an-app-module-of-its-own"])
+def test_gunicorn_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp_path, app):
+    """Whether the app module turns the error into an exit itself (wsgi.py)
+    or lets `create_app`'s ConfigError out, the master's preflight prints
+    the one line before gunicorn logs or binds anything."""
+    env = serving_env(str(tmp_path / "mealquest.sqlite3"), PROXY_FIX_HOPS=-1)
+    result = subprocess.run(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", app],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert (result.stdout + result.stderr).splitlines() == [
+        "mealquest: MEALQUEST_PROXY_FIX_HOPS: must be a whole number, 0 or more (got -1)"
+    ]
