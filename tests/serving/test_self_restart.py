@@ -1,7 +1,8 @@
 """A worker whose job pool cannot go on stops gracefully and gunicorn replaces it.
 
-The `give_up` kind's handler calls the `on_fatal` the worker gave its pool,
-as the pool itself does when, say, a handler will not die.
+The `give_up` kind's handler makes its pool give up, as the pool does itself
+when, say, a handler will not die: the pool logs why, once, and calls the
+`on_fatal` the worker gave it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def test_a_worker_whose_pool_cannot_go_on_is_drained_and_replaced(
     log = server.log()
     assert f" {first} INFO mealquest.serving.worker: worker stopping: " in log
     assert f" {first} INFO mealquest.serving.worker: worker exit: " in log
-    assert REASON not in log  # the worker adds no line of its own
+    assert log.count(f"job pool cannot continue ({REASON})") == 1
     wait_until(
         lambda: server.log().count("job pool started") == 2, 30, "the new worker has no pool"
     )
