@@ -34,8 +34,12 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_connections = 1000
 # Seconds a worker may go without telling the master it is alive before it is
 # killed. A gevent worker tells it every second unless its hub is blocked (the
-# store never blocks it). It must exceed graceful_timeout: a worker past its
-# main loop, draining its pool in worker_exit, no longer tells it.
+# store never blocks it; a handler that does is named in the log by the hub
+# monitor). It must exceed graceful_timeout: a worker past its main loop,
+# draining its pool in worker_exit, no longer tells it. And it must stay below
+# MEALQUEST_JOB_LEASE_SECONDS minus a heartbeat (60 - 20 by default), so that
+# a worker whose hub is blocked is killed before its jobs' leases expire and
+# no other process starts a job it still runs.
 timeout = 30
 # Seconds a stopping worker (SIGTERM, SIGHUP, max_requests) has to finish its
 # requests and jobs before the master SIGKILLs it; the pool gets this minus a

@@ -28,12 +28,25 @@ DEFAULTS: dict[str, Any] = {
     # enqueued by other processes without waiting for the poll.
     "JOB_CHANGE_CHECK_SECONDS": 0.005,
     # A running job's lease; a process renews the leases of its jobs every
-    # JOB_HEARTBEAT_SECONDS, and a lease not renewed in time is rescued.
-    "JOB_LEASE_SECONDS": 30.0,
+    # JOB_HEARTBEAT_SECONDS, and a lease not renewed in time is rescued. Keep
+    # it above gunicorn's `timeout` plus a heartbeat: a worker whose event
+    # loop is blocked is then killed before its jobs' leases can expire, so no
+    # job runs twice at once.
+    "JOB_LEASE_SECONDS": 60.0,
     # None: a third of the lease. Set, it must be below the lease.
     "JOB_HEARTBEAT_SECONDS": None,
     # How often each process rescues jobs whose lease expired; None: half the lease.
     "JOB_RESCUE_SECONDS": None,
+    # How long a handler stopped by its timeout, a stop or a lost lease has to
+    # die before the pool gives up on it: the job is recorded without it and
+    # the process restarts gracefully (the only way to end such a greenlet).
+    "JOB_KILL_GRACE_SECONDS": 5.0,
+    # How often each pool logs how many queued jobs wait for kinds it has no
+    # handler for (left queued for processes that know them).
+    "JOB_UNHANDLED_REPORT_SECONDS": 60.0,
+    # A handler holding the event loop longer than this is named at ERROR with
+    # its job id and kind by gevent's hub monitor (0 turns the monitor off).
+    "JOB_MAX_BLOCKING_SECONDS": 1.0,
     # How long a stopping pool lets running jobs finish before it stops them.
     "JOB_STOP_TIMEOUT_SECONDS": 25.0,
     # Whether each gunicorn web worker runs a job pool (True), or serves HTTP

@@ -62,9 +62,9 @@ def build(tmp_path, **config):
         ("DATABASE", 5, "must be a file path (got 5)"),
         (
             "JOB_HEARTBEAT_SECONDS",
-            30,
-            "must be below MEALQUEST_JOB_LEASE_SECONDS (30), or unset to renew every third "
-            "of the lease (got 30)",
+            60,
+            "must be below MEALQUEST_JOB_LEASE_SECONDS (60), or unset to renew every third "
+            "of the lease (got 60)",
         ),
     ],
 )
@@ -107,9 +107,9 @@ def test_the_heartbeat_and_rescue_follow_the_lease_unless_set(tmp_path):
     )
     defaults = get_jobs(build(tmp_path)).settings
     assert (defaults.lease_seconds, defaults.heartbeat_seconds, defaults.rescue_seconds) == (
+        60.0,
+        20.0,
         30.0,
-        10.0,
-        15.0,
     )
     chosen = get_jobs(
         build(tmp_path, JOB_LEASE_SECONDS=6, JOB_HEARTBEAT_SECONDS=1, JOB_RESCUE_SECONDS=5)

@@ -39,9 +39,10 @@ def watch(executor: Executor, max_blocking_seconds: float) -> None:
     if not _subscribed:
         events.subscribers.append(_on_event)
         _subscribed = True
+    # Read by the monitor on every round: one process, one threshold.
+    gevent.config.max_blocking_time = max_blocking_seconds
     hub = get_hub()
     if hub.periodic_monitoring_thread is None:
-        gevent.config.max_blocking_time = max_blocking_seconds
         # Our ERROR line replaces gevent's stack dump on stderr.
         gevent.config.print_blocking_reports = False
         gevent.config.monitor_thread = True

@@ -55,7 +55,6 @@ class PoolSettings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PoolSettings:
-        defaults = cls()
         return cls(
             workers=int(config["JOB_WORKERS"]),
             poll_seconds=float(config["JOB_POLL_SECONDS"]),
@@ -63,13 +62,7 @@ class PoolSettings:
             lease_seconds=float(config["JOB_LEASE_SECONDS"]),
             heartbeat_seconds=float(config["JOB_HEARTBEAT_SECONDS"]),
             rescue_seconds=float(config["JOB_RESCUE_SECONDS"]),
-            kill_grace_seconds=float(
-                config.get("JOB_KILL_GRACE_SECONDS", defaults.kill_grace_seconds)
-            ),
-            unhandled_report_seconds=float(
-                config.get("JOB_UNHANDLED_REPORT_SECONDS", defaults.unhandled_report_seconds)
-            ),
-            max_blocking_seconds=float(
-                config.get("JOB_MAX_BLOCKING_SECONDS", defaults.max_blocking_seconds)
-            ),
+            kill_grace_seconds=float(config["JOB_KILL_GRACE_SECONDS"]),
+            unhandled_report_seconds=float(config["JOB_UNHANDLED_REPORT_SECONDS"]),
+            max_blocking_seconds=float(config["JOB_MAX_BLOCKING_SECONDS"]),
         )
