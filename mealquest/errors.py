@@ -3,6 +3,10 @@
 Registered at app level so routing 404s and 405s, Flask's 413 and 415, and
 unexpected exceptions all answer in the same shape. A 500 never echoes the
 exception: its text may quote a URL, a token or a dependency's answer.
+
+The store's "try again later" errors are `503 unavailable` with `Retry-After`.
+Only a busy database is logged per request: a storage fault or a dead writer
+is logged by the store once, when it starts, and counted there.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from flask import Flask, Response, current_app, jsonify, request
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
-from mealquest.store import StoreUnavailable
+from mealquest.store import StoreBusy, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +33,8 @@ _HTTP_CODES: dict[int, tuple[str, str]] = {
     415: ("unsupported_media_type", "the request body must be JSON"),
     503: ("unavailable", "the service is busy; try again shortly"),
 }
+# The 503 message when the store is unavailable for another reason than a lock.
+_UNAVAILABLE_MESSAGE = "the service cannot use its storage now; try again shortly"
 
 
 class APIError(Exception):
@@ -84,9 +90,21 @@ def _http_error(error: HTTPException) -> tuple[Response, int] | Response:
     return response, status
 
 
-def _unavailable(_error: StoreUnavailable) -> tuple[Response, int]:
-    logger.warning("database busy past the deadline; answered 503")
-    return error_response(503, *_HTTP_CODES[503])
+def unavailable_response(error: StoreUnavailable | None = None) -> tuple[Response, int]:
+    """503 `unavailable` with the `Retry-After` the error asks for (1 s without one)."""
+    if error is None or isinstance(error, StoreBusy):
+        response, status = error_response(503, *_HTTP_CODES[503])
+    else:
+        response, status = error_response(503, "unavailable", _UNAVAILABLE_MESSAGE)
+    retry_after = StoreUnavailable.retry_after if error is None else error.retry_after
+    response.headers["Retry-After"] = str(retry_after)
+    return response, status
+
+
+def _unavailable(error: StoreUnavailable) -> tuple[Response, int]:
+    if isinstance(error, StoreBusy):
+        logger.warning("database busy past the deadline; answered 503")
+    return unavailable_response(error)
 
 
 def _internal(error: Exception) -> tuple[Response, int]:

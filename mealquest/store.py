@@ -9,9 +9,23 @@ process (and gunicorn kills a worker whose hub is blocked too long). So:
   greenlet waits cooperatively (`_WriterThread`);
 * reads use their own connection with a tiny busy timeout and a cooperative
   retry, so a lock costs the hub milliseconds, not seconds;
-* both give up at a deadline with `StoreUnavailable` (503 over HTTP);
+* both give up at a deadline with `StoreUnavailable` (503 over HTTP), and so
+  do storage faults (a full disk, a read-only file, an I/O error): callers
+  see one "try again later" error, never a raw `sqlite3` one for these;
 * connections and the thread are made lazily in the process that uses them
   and refuse to be used after a `fork`.
+
+Which `StoreUnavailable` a caller gets says what happened:
+
+* `StoreBusy`: another connection held the lock past the deadline; nothing
+  of the write was committed;
+* `StorageFault`: the storage refused the operation; nothing was committed.
+  Logged once at ERROR when a run of them starts, counted while it lasts
+  and summarised when it ends (`_FaultLog`), not once per caller;
+* `StoreWriterUnresponsive`: the writer thread gave no answer by the write's
+  deadline plus a margin; the write may still commit (see `Store.write`);
+* `StoreWriterDied`: the writer thread is dead; no write of this process can
+  succeed again (`Store.broken`), the process must be restarted.
 """
 
 from __future__ import annotations
@@ -45,6 +59,33 @@ _CHECKPOINT_IDLE_SECONDS = 0.002
 # many pages without such a pause (SQLite's default is 1,000).
 _WAL_AUTOCHECKPOINT_PAGES = 4_000
 _SQLITE_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+# A caller of `Store.write` waits this much past the write's deadline for its
+# answer (the function and the COMMIT run after the lock wait ends), then
+# gives up with StoreWriterUnresponsive. The thread does not start a COMMIT
+# later than half of it past the deadline, so a caller that gave up is not
+# committed behind its back unless the COMMIT itself hangs.
+_ANSWER_MARGIN_SECONDS = 2.0
+# SQLite's primary result codes that mean the storage cannot be used now, with
+# the short reason logged and carried by StorageFault (never SQLite's text).
+# Left out on purpose: SQLITE_CORRUPT and SQLITE_NOTADB (a damaged file does
+# not heal by waiting, and is often local to one table or index: calling it
+# "try again later" would have the runner put the same job back forever and
+# tell clients to retry what cannot succeed; it stays a sqlite3 error, a 500
+# with its traceback, which is what should bring an operator), and
+# SQLITE_NOMEM (Python raises MemoryError for it: the process's problem).
+_STORAGE_FAULTS = {
+    sqlite3.SQLITE_FULL: "disk full",
+    sqlite3.SQLITE_IOERR: "I/O error",
+    sqlite3.SQLITE_READONLY: "read-only",
+    sqlite3.SQLITE_CANTOPEN: "cannot open the database file",
+    sqlite3.SQLITE_PROTOCOL: "file locking failed",
+}
+# A disk-full fault is over only once the file system has this much free
+# again: after a checkpoint, a write can still squeeze into the WAL file's old
+# frames on a full disk, and must not end the fault (and flap /healthz) alone.
+_ROOM_AFTER_DISK_FULL_BYTES = 1 << 20
+# While a run of storage faults lasts, how often it is reported again.
+_FAULT_REPORT_SECONDS = 60.0
 
 
 class StoreError(Exception):
@@ -52,7 +93,46 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The database stayed locked or unreachable past the deadline; try again later."""
+    """The database cannot be used now; try again later."""
+
+    # Seconds a client is asked to wait before trying again (HTTP Retry-After).
+    retry_after = 1
+
+
+class StoreBusy(StoreUnavailable):
+    """The database stayed locked past the deadline; nothing was written; try again later."""
+
+
+class StorageFault(StoreUnavailable):
+    """The database's storage refused the operation; nothing was written; try again later.
+
+    `name` is SQLite's error name (`SQLITE_FULL`, `SQLITE_IOERR_WRITE`, ...)
+    and `reason` a few words for it ("disk full"): both safe to log and show,
+    unlike SQLite's own message, which is not carried.
+    """
+
+    retry_after = 5
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"storage fault: {reason} ({name})")
+        self.name = name
+        self.reason = reason
+
+    @property
+    def disk_full(self) -> bool:
+        return self.name == "SQLITE_FULL"
+
+
+class StoreWriterUnresponsive(StoreUnavailable):
+    """The store's writer thread gave no answer by the deadline; the write may still commit."""
+
+    retry_after = 5
+
+
+class StoreWriterDied(StoreUnavailable):
+    """The store's writer thread died: no write of this process can succeed; restart it."""
+
+    retry_after = 5
 
 
 class StoreUsedAcrossFork(StoreError):
@@ -62,6 +142,81 @@ class StoreUsedAcrossFork(StoreError):
 def is_busy(error: sqlite3.Error) -> bool:
     code = getattr(error, "sqlite_errorcode", None)
     return code is not None and (code & 0xFF) in _SQLITE_BUSY_CODES
+
+
+def storage_fault(error: BaseException, *, query_only: bool = False) -> StorageFault | None:
+    """The StorageFault that `error` means, or None if it is not one.
+
+    `query_only`: the error came from a `PRAGMA query_only` connection, where a
+    plain SQLITE_READONLY is the refusal of a write the caller should not have
+    made, not the storage's.
+    """
+    code = getattr(error, "sqlite_errorcode", None)
+    if not isinstance(error, sqlite3.Error) or code is None:
+        return None
+    reason = _STORAGE_FAULTS.get(code & 0xFF)
+    if reason is None or (query_only and code == sqlite3.SQLITE_READONLY):
+        return None
+    name = getattr(error, "sqlite_errorname", None) or f"SQLite error {code}"
+    return StorageFault(name, reason)
+
+
+def _has_room(path: str) -> bool:
+    """Whether the file system holding `path` has room for writes again (True if unknown)."""
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return True
+    # Blocks kept for root count for a process running as root.
+    free = stats.f_bfree if os.geteuid() == 0 else stats.f_bavail
+    return free * stats.f_frsize >= _ROOM_AFTER_DISK_FULL_BYTES
+
+
+class _FaultLog:
+    """One run of failures of reads or of writes, told once, not once per caller.
+
+    ERROR when it starts, a WARNING with the count every minute while it lasts
+    and one when it ends. Used in greenlets only, never the writer thread.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # "writes" or "reads"
+        self.since: float | None = None
+        self.refused = 0
+        self._reported_at = 0.0
+
+    def failed(self, error: StoreUnavailable) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self._reported_at = now
+            self.refused = 1
+            logger.error(
+                "store: %s fail: %s; refusing them as unavailable until that clears",
+                self.what,
+                str(error).rstrip("."),
+            )
+            return
+        self.refused += 1
+        if now - self._reported_at >= _FAULT_REPORT_SECONDS:
+            self._reported_at = now
+            logger.warning(
+                "store: %s still failing (%s): %d refused in %.0fs",
+                self.what,
+                str(error).rstrip("."),
+                self.refused,
+                now - self.since,
+            )
+
+    def ended(self) -> None:
+        assert self.since is not None
+        logger.warning(
+            "store: %s work again after %.1fs; %d refused meanwhile",
+            self.what,
+            time.monotonic() - self.since,
+            self.refused,
+        )
+        self.since = None
+        self.refused = 0
 
 
 def connect(path: str, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
@@ -127,7 +282,15 @@ class _WriterThread:
     The only gevent call made from the native thread is the async watcher's
     `send()`, which libev makes for exactly that (gevent's own threadpool
     uses it); results are handed to their greenlets by the hub, in the
-    watcher's callback.
+    watcher's callback. So is what the thread has to report (a failed idle
+    task, its own death): logged from the hub, since logging takes locks
+    that are gevent's in a patched process.
+
+    Supervised: a call's exception goes to its caller; an exception of the
+    idle task is logged at ERROR and the thread serves on; anything else
+    that ends the thread is logged at ERROR, sets `died`, and every waiting
+    and later call raises StoreWriterDied at once. A caller never waits past
+    its own timeout either way.
     """
 
     def __init__(
@@ -139,6 +302,10 @@ class _WriterThread:
         self._hub = get_hub()
         self._requests: deque[tuple[Waiter, Callable[[], Any]] | None] = deque()
         self._results: deque[tuple[Waiter, bool, Any]] = deque()
+        # What the thread asks the hub to log: (message, error).
+        self._notices: deque[tuple[str, BaseException]] = deque()
+        # The exception that ended the thread, once it has.
+        self.died: BaseException | None = None
         self._work = _native_lock()
         self._work.acquire()
         self._pending = 0
@@ -149,11 +316,16 @@ class _WriterThread:
         self._done.start(self._deliver)
         _start_native_thread(self._serve, ())
 
-    def call(self, fn: Callable[[], T]) -> T:
+    def call(self, fn: Callable[[], T], timeout: float) -> T:
         """Run `fn()` in the thread; the calling greenlet waits (other greenlets run).
+
+        Raises StoreWriterUnresponsive if no answer comes within `timeout`
+        seconds (`fn` may still run later), StoreWriterDied if the thread is dead.
 
         Only from the native thread whose hub made this writer, as with gevent's
         ThreadPool: the result comes back through that hub."""
+        if self.died is not None:
+            raise StoreWriterDied(StoreWriterDied.__doc__)
         if get_hub() is not self._hub:
             raise StoreError("the store's writer is used from another native thread")
         waiter = Waiter(self._hub)
@@ -161,7 +333,13 @@ class _WriterThread:
         self._pending += 1
         self._done.ref = True
         self._wake()
-        ok, value = waiter.get()
+        # update=True: timed from now, not from the loop's cached time.
+        timer = self._hub.loop.timer(timeout)
+        timer.start(self._give_up, waiter, update=True)
+        try:
+            ok, value = waiter.get()
+        finally:
+            timer.close()
         if not ok:
             raise value
         return value
@@ -180,23 +358,38 @@ class _WriterThread:
 
     def _serve(self) -> None:
         # The native thread: runs calls, posts results; no other gevent call.
-        while True:
-            if self._on_idle is None:
-                self._work.acquire()
-            elif not self._work.acquire(timeout=self._idle_seconds):
-                self._on_idle()
-                self._work.acquire()
-            while self._requests:
-                request = self._requests.popleft()
-                if request is None:
-                    return
-                waiter, fn = request
-                try:
-                    outcome = (waiter, True, fn())
-                except BaseException as error:
-                    outcome = (waiter, False, error)
-                self._results.append(outcome)
-                self._done.send()
+        try:
+            while True:
+                if self._on_idle is None:
+                    self._work.acquire()
+                elif not self._work.acquire(timeout=self._idle_seconds):
+                    try:
+                        self._on_idle()
+                    except Exception as error:
+                        self._notify("the store's writer thread: its idle task failed", error)
+                    self._work.acquire()
+                while self._requests:
+                    request = self._requests.popleft()
+                    if request is None:
+                        return
+                    waiter, fn = request
+                    try:
+                        outcome = (waiter, True, fn())
+                    except BaseException as error:
+                        outcome = (waiter, False, error)
+                    self._results.append(outcome)
+                    self._done.send()
+        except BaseException as error:
+            # Set before the notice, so that a call made once the hub has it
+            # (or already now) fails at once instead of queueing for nobody.
+            self.died = error
+            with suppress(Exception):
+                self._notify("the store's writer thread died; this process cannot write", error)
+
+    def _notify(self, message: str, error: BaseException) -> None:
+        # In the thread: the hub logs it (see `_deliver`).
+        self._notices.append((message, error))
+        self._done.send()
 
     def _deliver(self) -> None:
         # In the hub: hand each result to its waiting greenlet (a killed
@@ -207,6 +400,39 @@ class _WriterThread:
             if not self._pending:
                 self._done.ref = False
             waiter.switch((ok, value))
+        if self._notices:
+            self._report()
+
+    def _report(self) -> None:
+        # In the hub; rare, so a greenlet does the logging (a handler's lock
+        # must not be waited for in the hub).
+        while self._notices:
+            message, error = self._notices.popleft()
+            gevent.spawn(_log_notice, message, error)
+        if self.died is not None:
+            # Calls queued before the thread died will never run: fail them now.
+            while self._requests:
+                request = self._requests.popleft()
+                if request is not None:
+                    self._pending -= 1
+                    request[0].switch((False, StoreWriterDied(StoreWriterDied.__doc__)))
+            self._done.ref = False
+
+    def _give_up(self, waiter: Waiter) -> None:
+        # In the hub, at a caller's timeout. A result already posted still wins
+        # (a hub held up past the timeout may run this callback first).
+        self._deliver()
+        if waiter.greenlet is not None:
+            waiter.switch((False, StoreWriterUnresponsive(StoreWriterUnresponsive.__doc__)))
+
+
+def _log_notice(message: str, error: BaseException) -> None:
+    if isinstance(error, sqlite3.Error | StorageFault):
+        # SQLite's own message may name the file: its error name only.
+        name = getattr(error, "sqlite_errorname", None) or getattr(error, "name", None)
+        logger.error("%s: %s (%s)", message, type(error).__name__, name)
+    else:
+        logger.error(message, exc_info=(type(error), error, error.__traceback__))
 
 
 class Store:
@@ -225,6 +451,23 @@ class Store:
         self._writer_conn: sqlite3.Connection | None = None
         self._reader_conn: sqlite3.Connection | None = None
         self._writes_since_checkpoint = 0  # the writer thread's own count
+        # Set by the writer thread when a write meets a storage fault, cleared
+        # when a write that changed something commits (see `_end_write_fault`).
+        self._write_fault: StorageFault | None = None
+        self._write_faults = _FaultLog("writes")
+        self._read_faults = _FaultLog("reads")
+
+    @property
+    def broken(self) -> bool:
+        """Whether the writer thread has died: every write raises StoreWriterDied
+        until the process is restarted (a supervisor should restart it)."""
+        writer = self._writer
+        return writer is not None and writer.died is not None
+
+    @property
+    def write_fault(self) -> StorageFault | None:
+        """The storage fault the last writes met, until a write commits again."""
+        return self._write_fault
 
     # -- writes -----------------------------------------------------------------
 
@@ -234,16 +477,48 @@ class Store:
         """Run `fn(tx, ...)` as one write transaction in the writer thread.
 
         The transaction commits if `fn` returns and rolls back if it raises;
-        either way nothing of it spans a greenlet switch.
+        either way nothing of it spans a greenlet switch. The caller waits at
+        most the busy timeout plus a margin: StoreBusy and StorageFault say
+        nothing was committed; StoreWriterUnresponsive that the answer did not
+        come in time (a write whose COMMIT hangs that long may still commit);
+        StoreWriterDied that this process can no longer write.
         """
         self._check_process()
         if self._writer is None:
             self._writer = _WriterThread(self._checkpoint_when_idle, _CHECKPOINT_IDLE_SECONDS)
         deadline = time.monotonic() + self.busy_timeout_seconds
-        result, callbacks = self._writer.call(lambda: self._run_write(fn, args, kwargs, deadline))
+        try:
+            result, callbacks = self._writer.call(
+                lambda: self._run_write(fn, args, kwargs, deadline),
+                self.busy_timeout_seconds + _ANSWER_MARGIN_SECONDS,
+            )
+        except StoreUnavailable as error:
+            if not isinstance(error, StoreBusy):
+                self._write_faults.failed(error)
+            raise
+        if self._write_faults.since is not None and self._write_fault is None:
+            self._write_faults.ended()
         for callback in callbacks:
             callback()
         return result
+
+    def check_writable(self) -> None:
+        """Raise StoreUnavailable unless a write can commit now; cheap enough for /healthz.
+
+        Normally it takes the write lock and lets it go: in WAL mode a read
+        would answer even while another process holds the lock, and nothing
+        is written. That proves nothing about the disk, so while writes meet
+        a storage fault it checks for free room first (a disk-full fault) and
+        then really writes: page 1 of the database, by setting `user_version`
+        to its own value. That write committing ends the fault.
+        """
+        fault = self._write_fault
+        if fault is None:
+            self.write(_take_write_lock)
+            return
+        if fault.disk_full and not _has_room(self.path):
+            raise StorageFault(fault.name, fault.reason)
+        self.write(_rewrite_header)
 
     def _run_write(
         self, fn: Callable[..., T], args: tuple, kwargs: dict, deadline: float
@@ -251,7 +526,7 @@ class Store:
         # Runs in the native writer thread: no gevent calls here.
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise StoreUnavailable(StoreUnavailable.__doc__)
+            raise StoreBusy(StoreBusy.__doc__)
         # Wait for the lock only until this write's deadline: a write queued
         # behind others has already spent part of its time waiting its turn.
         busy_timeout_ms = max(1, int(remaining * 1000))
@@ -266,23 +541,64 @@ class Store:
             conn = self._writer_conn
             conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            if is_busy(error):
-                raise StoreUnavailable(StoreUnavailable.__doc__) from None
-            raise
+        except sqlite3.Error as error:
+            unavailable = self._write_failed(error)
+            if unavailable is None:
+                raise
+            raise unavailable from None
         tx = Transaction(conn)
+        # Only while a fault lasts: whether this write changes anything.
+        changes = conn.total_changes if self._write_fault is not None else 0
         try:
             result = fn(tx, *args, **kwargs)
+            if time.monotonic() > deadline + _ANSWER_MARGIN_SECONDS / 2:
+                # Its caller is about to give up: do not commit behind its back.
+                raise StoreBusy(StoreBusy.__doc__)
             conn.execute("COMMIT")
-            self._writes_since_checkpoint += 1
         except BaseException as error:
+            self._roll_back(conn)
+            if isinstance(error, sqlite3.Error):
+                unavailable = self._write_failed(error)
+                if unavailable is not None:
+                    raise unavailable from None
+            raise
+        self._writes_since_checkpoint += 1
+        if self._write_fault is not None:
+            self._end_write_fault(conn, changes, fn)
+        return result, tx.after_commit_callbacks
+
+    def _write_failed(self, error: sqlite3.Error) -> StoreUnavailable | None:
+        """The StoreUnavailable a write's sqlite error means, if any (writer thread)."""
+        if is_busy(error):
+            # Nothing was committed; the lock is the problem, not the write.
+            return StoreBusy(StoreBusy.__doc__)
+        fault = storage_fault(error)
+        if fault is not None:
+            self._write_fault = fault
+            # A connection opened read-only, or that met an I/O error, may stay
+            # so: the next write opens a fresh one (about 0.1 ms, during faults only).
+            self._close_writer_conn()
+        return fault
+
+    def _roll_back(self, conn: sqlite3.Connection) -> None:
+        # In the writer thread, after a failed write.
+        try:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError) and is_busy(error):
-                # Nothing was committed; the lock is the problem, not the write.
-                raise StoreUnavailable(StoreUnavailable.__doc__) from error
-            raise
-        return result, tx.after_commit_callbacks
+        except Exception:
+            # A connection that cannot roll back (closed under us, or broken by
+            # an I/O error) is in an unknown state: the next write opens a new one.
+            self._close_writer_conn()
+
+    def _end_write_fault(self, conn: sqlite3.Connection, changes: int, fn: Callable) -> None:
+        # In the writer thread, after a commit while a storage fault is recorded.
+        # A commit that changed nothing wrote nothing and proves nothing.
+        if fn is not _rewrite_header and conn.total_changes == changes:
+            return
+        fault = self._write_fault
+        if fault is not None and fault.disk_full and not _has_room(self.path):
+            return
+        self._write_fault = None
 
     def _checkpoint_when_idle(self) -> None:
         """Copy the WAL back into the database file while no write is waiting.
@@ -296,21 +612,22 @@ class Store:
         for a writer that never pauses. Not from another thread: while our
         writer appends, a checkpoint never catches up and the WAL never
         restarts (measured: it grew past 500 MB in 20,000 enqueues).
+
+        A failure is the thread's to log (from the hub), and SQLite's own
+        checkpoint remains.
         """
         # Runs in the native writer thread: no gevent calls here.
         if self._writes_since_checkpoint < _CHECKPOINT_AFTER_WRITES or self._writer_conn is None:
             return
         self._writes_since_checkpoint = 0
-        try:
-            self._writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.Error:
-            logger.exception("WAL checkpoint failed; SQLite's own checkpoint remains")
+        self._writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _close_writer_conn(self) -> None:
         # In the writer thread, so that `_checkpoint_when_idle` never sees it closed.
-        if self._writer_conn is not None:
-            self._writer_conn.close()
-            self._writer_conn = None
+        conn, self._writer_conn = self._writer_conn, None
+        if conn is not None:
+            with suppress(sqlite3.Error):
+                conn.close()
 
     # -- reads ------------------------------------------------------------------
 
@@ -318,7 +635,8 @@ class Store:
         """Run the pure read `fn(conn, ...)` on the reader connection.
 
         A busy database is retried cooperatively (the hub runs between tries)
-        until the deadline; `fn` may therefore run more than once.
+        until the deadline; `fn` may therefore run more than once. A storage
+        fault is StorageFault.
         """
         self._check_process()
         deadline = time.monotonic() + self.busy_timeout_seconds
@@ -328,16 +646,24 @@ class Store:
             try:
                 # Opening is retried too: setting its pragmas may find the file locked.
                 conn = self._reader()
-                return fn(conn, *args)
-            except sqlite3.OperationalError as error:
+                result = fn(conn, *args)
+            except sqlite3.Error as error:
                 if not is_busy(error):
-                    raise
-                if conn is not None and conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    fault = storage_fault(error, query_only=True)
+                    if fault is None:
+                        raise
+                    self._close_reader_conn()
+                    self._read_faults.failed(fault)
+                    raise fault from None
+                self._roll_back_reader(conn)
                 if time.monotonic() + delay > deadline:
-                    raise StoreUnavailable(StoreUnavailable.__doc__) from None
+                    raise StoreBusy(StoreBusy.__doc__) from None
                 gevent.sleep(delay)
                 delay = min(delay * 2, 0.05)
+            else:
+                if self._read_faults.since is not None:
+                    self._read_faults.ended()
+                return result
 
     def data_version(self) -> int:
         """SQLite's counter that changes when another connection commits (microseconds)."""
@@ -353,6 +679,19 @@ class Store:
             self._reader_conn = conn
         return self._reader_conn
 
+    def _roll_back_reader(self, conn: sqlite3.Connection | None) -> None:
+        try:
+            if conn is not None and conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._close_reader_conn()
+
+    def _close_reader_conn(self) -> None:
+        conn, self._reader_conn = self._reader_conn, None
+        if conn is not None:
+            with suppress(sqlite3.Error):
+                conn.close()
+
     # -- lifecycle --------------------------------------------------------------
 
     def _check_process(self) -> None:
@@ -364,9 +703,26 @@ class Store:
         if os.getpid() != self._pid:
             return
         if self._writer is not None:
-            self._writer.call(self._close_writer_conn)
+            if self.broken:
+                # The thread is gone; its connection is nobody's now.
+                self._close_writer_conn()
+            else:
+                with suppress(StoreUnavailable):
+                    self._writer.call(
+                        self._close_writer_conn,
+                        self.busy_timeout_seconds + _ANSWER_MARGIN_SECONDS,
+                    )
             self._writer.stop()
             self._writer = None
-        if self._reader_conn is not None:
-            self._reader_conn.close()
-            self._reader_conn = None
+        self._close_reader_conn()
+
+
+def _take_write_lock(tx: Transaction) -> None:
+    # BEGIN IMMEDIATE has taken the lock; the statement only completes the transaction.
+    tx.execute("SELECT 1")
+
+
+def _rewrite_header(tx: Transaction) -> None:
+    # A real write that changes nothing: page 1 is rewritten, into the WAL.
+    version = tx.execute("PRAGMA user_version").fetchone()[0]
+    tx.execute(f"PRAGMA user_version = {int(version)}")

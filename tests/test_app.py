@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 
 import pytest
 
@@ -93,6 +94,20 @@ def test_healthz_is_503_on_a_database_behind_the_migrations(make_app, tmp_path):
     assert response.get_json()["error"]["code"] == "unavailable"
     migrations.upgrade(path)
     assert client.get("/healthz").status_code == 200
+
+
+def test_healthz_checks_the_migrations_until_they_pass_then_not_again(make_app, db_path):
+    """Unauthenticated, so cheap: the code's migrations do not change while a process runs."""
+    client = make_app().test_client()
+    assert client.get("/healthz").status_code == 200
+    # The ledger edited behind the process's back: this process has checked already...
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE schema_migrations SET checksum = 'edited'")
+    conn.commit()
+    conn.close()
+    assert client.get("/healthz").status_code == 200
+    # ...while a process starting now checks, and refuses it.
+    assert make_app().test_client().get("/healthz").status_code == 503
 
 
 def test_healthz_is_503_without_a_database(make_app, tmp_path):

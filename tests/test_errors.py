@@ -7,13 +7,14 @@ from flask import request
 
 from mealquest.errors import APIError
 from mealquest.extensions import get_store
+from mealquest.store import Store
 from tests.support.kinds import SECRET
 
 LIMIT = 1024
 
 
 @pytest.fixture
-def error_app(make_app):
+def error_app(make_app, tmp_path):
     """The app with a small body limit, a short lock deadline and test-only routes."""
     app = make_app(MAX_CONTENT_LENGTH=LIMIT, DB_BUSY_TIMEOUT_SECONDS=0.3)
 
@@ -30,10 +31,20 @@ def error_app(make_app):
     def refuse():
         raise APIError(409, "conflict_for_test", "a safe message")
 
+    def storage_fault():
+        # A store whose file cannot be opened: its directory does not exist.
+        store = Store(str(tmp_path / "missing" / "mealquest.sqlite3"))
+        try:
+            store.write(lambda tx: tx.execute("SELECT 1"))
+        finally:
+            store.close()
+        return {}
+
     app.add_url_rule("/test/echo", "test_echo", echo, methods=["POST"])
     app.add_url_rule("/test/explode", "test_explode", explode)
     app.add_url_rule("/test/write", "test_write", write_something)
     app.add_url_rule("/test/refuse", "test_refuse", refuse)
+    app.add_url_rule("/test/storage-fault", "test_storage_fault", storage_fault)
     return app
 
 
@@ -94,6 +105,10 @@ def _route_locked(client, auth, holder):
     return client.get("/test/write")
 
 
+def _storage_fault(client, auth, holder):
+    return client.get("/test/storage-fault")
+
+
 def _exception(client, auth, holder):
     return client.get("/test/explode")
 
@@ -111,6 +126,7 @@ CASES = {
     "unsupported_media_type": (_not_json, 415, "unsupported_media_type", None),
     "unavailable-healthz": (_healthz_locked, 503, "unavailable", None),
     "unavailable-route": (_route_locked, 503, "unavailable", None),
+    "unavailable-storage": (_storage_fault, 503, "unavailable", None),
     "internal": (_exception, 500, "internal", None),
 }
 
@@ -140,6 +156,8 @@ def test_every_error_code_answers_the_envelope(error_client, auth, lock_holder, 
         assert "DELETE" not in response.headers["Allow"]
     if code == "unauthorized":
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    if code == "unavailable":
+        assert 1 <= int(response.headers["Retry-After"]) <= 60
     assert SECRET not in response.get_data(as_text=True)
 
 

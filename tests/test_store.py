@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 
 import gevent
 import pytest
 
 from mealquest.extensions import get_store
-from mealquest.store import Store, StoreUnavailable, StoreUsedAcrossFork
+from mealquest.store import (
+    _CHECKPOINT_AFTER_WRITES,
+    Store,
+    StoreUnavailable,
+    StoreUsedAcrossFork,
+    StoreWriterDied,
+    StoreWriterUnresponsive,
+)
 from tests.conftest import wait_for
 from tests.support.sqlite_lock import LockHolder
 
@@ -361,3 +370,151 @@ def test_wait_for_lets_greenlets_run():
     done = []
     gevent.spawn(lambda: done.append(True))
     assert wait_for(lambda: done) == [True]
+
+
+# -- supervision: the writer thread and its connection ----------------------------------------
+
+
+class Sabotage(Exception):
+    """Raised by a test's own callback inside the writer thread."""
+
+
+class Fatal(BaseException):
+    """Raised by a test's own callback to end the writer thread."""
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Every record of the `mealquest` logger (which does not propagate), DEBUG up."""
+    logger = logging.getLogger("mealquest")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+def settle(greenlet: gevent.Greenlet) -> gevent.Greenlet:
+    """Wait for a store call spawned by the test; a call that never returns fails the test."""
+    greenlet.join(timeout=30)
+    assert greenlet.ready(), "the store call never returned"
+    return greenlet
+
+
+def sabotage_checkpoint(tx, effect):
+    """Make the idle checkpoint's row go through `effect` (a row factory on our connection)."""
+
+    def row_factory(cursor, row):
+        if cursor.description[0][0] == "busy":  # PRAGMA wal_checkpoint's row
+            effect()
+        return sqlite3.Row(cursor, row)
+
+    tx.conn.row_factory = row_factory
+
+
+def checkpoint_soon(store):
+    # The writer checkpoints in its first pause after this many writes.
+    for n in range(_CHECKPOINT_AFTER_WRITES):
+        store.write(insert_household, f"h{n}")
+
+
+def test_a_failed_rollback_reopens_the_connection(store):
+    def close_then_raise(tx):
+        insert_household(tx, "gone")
+        tx.conn.close()  # the ROLLBACK after this raise cannot run
+        raise Sabotage("no")
+
+    with pytest.raises(Sabotage):
+        settle(gevent.spawn(store.write, close_then_raise)).get()
+    assert store.write(insert_household, "kept")
+    assert household_names(store) == ["kept"]
+
+
+def test_a_failed_commit_and_rollback_reopen_the_connection(store):
+    def close_and_return(tx):
+        insert_household(tx, "gone")
+        tx.conn.close()
+
+    with pytest.raises(sqlite3.ProgrammingError):
+        settle(gevent.spawn(store.write, close_and_return)).get()
+    assert store.write(insert_household, "kept")
+    assert household_names(store) == ["kept"]
+    assert not store.broken
+
+
+def test_a_failing_idle_checkpoint_is_logged_and_the_writer_serves_on(store, logs):
+    def fail():
+        raise Sabotage("checkpoint sabotaged")
+
+    store.write(sabotage_checkpoint, fail)
+    checkpoint_soon(store)
+    wait_for(lambda: any(r.levelno == logging.ERROR for r in logs.records))
+    [record] = [r for r in logs.records if r.levelno == logging.ERROR]
+    assert "idle task failed" in record.getMessage()
+    assert record.exc_info is not None
+    assert record.exc_info[0] is Sabotage
+
+    assert settle(gevent.spawn(store.write, insert_household, "after")).get()
+    assert not store.broken
+    assert household_names(store)[-1] == "after"
+
+
+def test_a_dead_writer_thread_is_logged_and_every_write_fails_at_once(app, store, logs):
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def die():
+        entered.set()
+        gate.wait(30)  # a native wait, in the writer thread, while a write queues
+        raise Fatal("writer thread ended")
+
+    store.write(sabotage_checkpoint, die)
+    checkpoint_soon(store)
+    wait_for(entered.is_set)
+    calling = []
+
+    def queued_write():
+        calling.append(True)
+        return store.write(insert_household, "queued")
+
+    queued = gevent.spawn(queued_write)
+    wait_for(lambda: calling)  # it has run until it waits for the writer thread
+    gate.set()
+
+    # Queued and later writes fail at once with a clear error, not at their deadline.
+    assert isinstance(settle(queued).exception, StoreWriterDied)
+    assert store.broken
+    later = settle(gevent.spawn(store.write, insert_household, "later"))
+    assert isinstance(later.exception, StoreWriterDied)
+    assert isinstance(later.exception, StoreUnavailable)
+    [record] = [r for r in logs.records if r.getMessage().startswith("the store's writer thread")]
+    assert record.levelno == logging.ERROR
+    assert "died" in record.getMessage()
+    assert record.exc_info is not None
+    assert record.exc_info[0] is Fatal
+
+    answer = app.test_client().get("/healthz")
+    assert answer.status_code == 503
+    assert answer.get_json()["error"]["code"] == "unavailable"
+    assert "Retry-After" in answer.headers
+    # Reads go on; nothing queued was written.
+    assert "queued" not in household_names(store)
+
+
+def test_a_write_without_an_answer_by_its_deadline_gives_up_and_is_rolled_back(make_app):
+    store = get_store(make_app(DB_BUSY_TIMEOUT_SECONDS=0.3))
+    gate = threading.Event()
+
+    def held(tx):
+        insert_household(tx, "held")
+        gate.wait(60)  # a native wait, in the writer thread, until the test says
+
+    try:
+        stuck = settle(gevent.spawn(store.write, held))
+        assert isinstance(stuck.exception, StoreWriterUnresponsive)
+        assert not gate.is_set()
+    finally:
+        gate.set()
+    # The writer comes back; the write its caller gave up on was not committed.
+    assert settle(gevent.spawn(store.write, insert_household, "after")).get()
+    assert household_names(store) == ["after"]
+    assert not store.broken
