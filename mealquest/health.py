@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 from typing import Any
-from weakref import WeakSet
 
 from flask import Blueprint, Response
 from marshmallow import Schema, fields
@@ -20,14 +19,11 @@ from mealquest import migrations
 from mealquest.errors import error_response, unavailable_response
 from mealquest.extensions import get_store
 from mealquest.openapi import operation
-from mealquest.store import Store, StoreBusy, StoreError, StoreUnavailable
+from mealquest.store import StoreBusy, StoreError, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
 bp = Blueprint("health", __name__)
-
-# The stores whose database was found fully migrated.
-_migrated: WeakSet[Store] = WeakSet()
 
 
 class HealthSchema(Schema):
@@ -37,13 +33,6 @@ class HealthSchema(Schema):
 _health_schema = HealthSchema()
 
 
-def _require_migrated(store: Store) -> None:
-    if store in _migrated:
-        return
-    store.read(migrations.require_current_of, migrations.discover())
-    _migrated.add(store)
-
-
 @bp.get("/healthz")
 @operation(response=_health_schema, errors=(503,), authenticated=False)
 def healthz() -> tuple[Response, int] | dict[str, Any]:
@@ -51,7 +40,7 @@ def healthz() -> tuple[Response, int] | dict[str, Any]:
     store = get_store()
     try:
         store.check_writable()
-        _require_migrated(store)
+        migrations.require_migrated(store)
     except StoreUnavailable as error:
         # A storage fault or a dead writer is logged by the store when it starts.
         if isinstance(error, StoreBusy):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -107,7 +109,15 @@ def test_healthz_checks_the_migrations_until_they_pass_then_not_again(make_app, 
     conn.close()
     assert client.get("/healthz").status_code == 200
     # ...while a process starting now checks, and refuses it.
-    assert make_app().test_client().get("/healthz").status_code == 503
+    probe = (
+        "import sys; from mealquest import create_app; "
+        "app = create_app({'DATABASE': sys.argv[1]}); "
+        "print(app.test_client().get('/healthz').status_code)"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe, db_path], capture_output=True, text=True, check=True
+    )
+    assert answer.stdout.strip() == "503"
 
 
 def test_healthz_is_503_without_a_database(make_app, tmp_path):

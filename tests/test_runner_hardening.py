@@ -32,6 +32,7 @@ from mealquest.jobs.runner import JobContext
 from mealquest.jobs.service import JobService
 from tests.conftest import wait_for
 from tests.support.kinds import EmptySchema, ValueSchema
+from tests.test_store import Fatal, checkpoint_soon, sabotage_checkpoint
 
 QUICK_RETRY = Backoff(base_seconds=0.01, factor=1.0, max_seconds=0.01, jitter=0.0)
 
@@ -495,3 +496,17 @@ def test_a_role_that_dies_is_logged_and_restarts_the_process(hostile, household,
     assert any(
         r.levelno == logging.ERROR and r.getMessage() == f"the pool's {role} died" for r in logs
     )
+
+
+def test_a_store_whose_writer_died_restarts_the_process(hostile, household):
+    jobs = hostile()
+    fatal: list[str] = []
+    jobs.start_pool(on_fatal=fatal.append)
+
+    def die() -> None:
+        raise Fatal("writer thread ended")
+
+    jobs.store.write(sabotage_checkpoint, die)
+    checkpoint_soon(jobs.store)
+    wait_for(lambda: fatal)
+    assert fatal == ["the store's writer thread died"]

@@ -22,7 +22,7 @@ from mealquest.jobs import queries
 from mealquest.jobs.executor import Executor, Outcome
 from mealquest.jobs.model import Job
 from mealquest.jobs.queries import Lease
-from mealquest.store import Store, StoreUnavailable, Transaction
+from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -83,14 +83,23 @@ class Completer:
         ours: logged, not retried.
         """
         delay = _RETRY_FIRST_SECONDS
+        tries = 0
         while True:
             pending = _Pending(lease, outcome)
             self._pending.append(pending)
             self._waiting.set()
             try:
                 recorded = pending.recorded.get()
+            except StoreWriterDied:
+                # No write will ever get through: the pool restarts the process.
+                logger.error("could not record the job's outcome: the store is broken", extra=extra)
+                return False
             except StoreUnavailable:
-                logger.warning(
+                tries += 1
+                # Once per outcome at WARNING: an outage would otherwise log
+                # a line per job per round.
+                logger.log(
+                    logging.WARNING if tries == 1 else logging.DEBUG,
                     "database unavailable while recording the job's outcome; trying again in %.1fs",
                     delay,
                     extra=extra,

@@ -230,6 +230,8 @@ class Pool:
         return self.heartbeat.run_once()
 
     def watch_once(self) -> list[Running]:
+        if self.store.broken:
+            self.fatal("the store's writer thread died")
         return self.watchdog.run_once()
 
     def rescue_once(self, now: datetime | None = None) -> queries.Recovered:
