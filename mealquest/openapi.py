@@ -51,7 +51,10 @@ _ERROR_DESCRIPTIONS = {
     413: "the request body is too large: `payload_too_large`",
     414: "the path and query are longer than the service accepts: `uri_too_long`",
     415: "the request body is not JSON: `unsupported_media_type`",
-    503: "the database is busy or unreachable (retry): `unavailable`",
+    503: (
+        "the database is busy, unreachable or its storage failed "
+        "(retry after `Retry-After` seconds): `unavailable`"
+    ),
 }
 
 
@@ -183,6 +186,14 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
                     "description": "the scheme to authenticate with",
                     "required": True,
                     "schema": {"type": "string"},
+                }
+            }
+        if status == 503:
+            answer["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before trying again",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 0},
                 }
             }
         body["responses"][str(status)] = answer
