@@ -16,6 +16,7 @@ from mealquest.extensions import get_jobs, get_store
 from mealquest.households import IssuedToken, create_household
 from mealquest.jobs.service import JobService
 from mealquest.store import Store
+from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
 from tests.support.sqlite_lock import LockHolder
 
@@ -55,6 +56,16 @@ def lock_holder(db_path: str) -> Iterator[LockHolder]:
         yield holder
     finally:
         holder.stop()
+
+
+@pytest.fixture
+def gates() -> Iterator[Gates]:
+    """Pages held until the test opens them: what `wait_for_gate` jobs wait on."""
+    held = Gates()
+    try:
+        yield held
+    finally:
+        held.close()
 
 
 @pytest.fixture

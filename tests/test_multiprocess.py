@@ -8,30 +8,47 @@ from pathlib import Path
 
 import pytest
 
+from mealquest.clock import seconds, to_text, utc_now
 from mealquest.jobs.model import Status
 from tests.conftest import wait_for
-from tests.support.processes import flask_jobs_work, process_group
+from tests.support.processes import Process, flask_jobs_work, process_group, wait_working
 
-# Short lease and maintenance intervals so expiries happen within a test.
+# Short maintenance intervals so expiries happen within a test; the lease is
+# eight heartbeats long, so a loaded machine delaying one does not lose it.
 FAST = {
     "JOB_POLL_SECONDS": 0.1,
-    "JOB_LEASE_SECONDS": 1.0,
+    "JOB_LEASE_SECONDS": 2.0,
     "JOB_HEARTBEAT_SECONDS": 0.25,
     "JOB_RESCUE_SECONDS": 0.25,
     "JOB_STOP_TIMEOUT_SECONDS": 5,
 }
+# Deadlines for what includes a process start (imports, a re-exec) on a loaded
+# machine. A deadline is not a window: a test that passes never waits it out.
+START_DEADLINE = 60.0
 
 
-def ready(process) -> bool:
-    if process.popen.poll() is not None:
-        raise AssertionError(f"worker exited early:\n{process.output()}")
-    return "job pool started" in process.output()
+@pytest.fixture
+def processes():
+    with process_group() as group:
+        yield group
 
 
-def test_flask_jobs_work_runs_its_pool_monkey_patched(db_path, processes):
-    worker = flask_jobs_work(db_path, **FAST)
-    processes.append(worker)
-    wait_for(lambda: ready(worker))
+@pytest.fixture
+def start_worker(db_path, processes):
+    """A `flask jobs work` process, returned once SIGTERM would stop it gracefully."""
+
+    def start(*, wait: bool = True, **config: object) -> Process:
+        worker = flask_jobs_work(db_path, **{**FAST, **config})
+        processes.append(worker)
+        if wait:
+            wait_working(worker)
+        return worker
+
+    return start
+
+
+def test_flask_jobs_work_runs_its_pool_monkey_patched(start_worker):
+    worker = start_worker()
     assert "(monkey-patched)" in worker.output()
     assert worker.stop() == 0
 
@@ -43,16 +60,14 @@ def status_counts(store) -> dict[str, int]:
     return {row[0]: row[1] for row in rows}
 
 
-@pytest.fixture
-def processes():
-    with process_group() as group:
-        yield group
-
-
 def test_several_processes_drain_2000_jobs_each_exactly_once(
-    db_path, jobs, store, household, tmp_path, processes
+    jobs, store, household, tmp_path, start_worker, processes
 ):
     log = str(tmp_path / "runs.log")
+    # Every process polls before the first job exists, so none drains the
+    # queue alone while another is still starting.
+    for _ in range(3):
+        start_worker(JOB_WORKERS=8)
 
     def enqueue_all(tx):
         return [
@@ -61,8 +76,6 @@ def test_several_processes_drain_2000_jobs_each_exactly_once(
         ]
 
     ids = store.write(enqueue_all)
-    for _ in range(3):
-        processes.append(flask_jobs_work(db_path, JOB_WORKERS=8, **FAST))
     wait_for(lambda: status_counts(store).get("succeeded") == 2000, timeout=120, interval=0.1)
     for process in processes:
         assert process.stop() == 0, process.output()
@@ -75,62 +88,81 @@ def test_several_processes_drain_2000_jobs_each_exactly_once(
     assert status_counts(store) == {"succeeded": 2000}
 
 
-def test_a_new_process_does_not_touch_a_live_processs_jobs(db_path, jobs, household, processes):
-    first = flask_jobs_work(db_path, **FAST)
-    processes.append(first)
-    wait_for(lambda: ready(first))
-    job_id = jobs.enqueue("sleep", {"seconds": 2.0}, household_id=household.household_id)
-    owner = wait_for(lambda: jobs.get(job_id).lease_owner)
-    second = flask_jobs_work(db_path, **FAST)
-    processes.append(second)
-    wait_for(lambda: ready(second))
-    # The second process rescued at start and keeps rescuing; the job stays the first's.
-    assert jobs.get(job_id).lease_owner == owner
-    job = wait_for(
-        lambda: jobs.get(job_id).status in (Status.SUCCEEDED, Status.FAILED) and jobs.get(job_id)
+def test_a_new_process_does_not_touch_a_live_processs_jobs(jobs, household, start_worker, gates):
+    first = start_worker()
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("job")}, household_id=household.household_id
     )
+    wait_for(lambda: gates.arrivals("job") == 1, timeout=START_DEADLINE)
+    claimed = jobs.get(job_id)
+    second = start_worker()
+    # The second process rescued at start and keeps rescuing; the job, held
+    # until well past the lease it was claimed with, stays the first's.
+    past_the_claimed_lease = claimed.lease_expires_at
+    wait_for(
+        lambda: (
+            to_text(utc_now() - seconds(2 * FAST["JOB_RESCUE_SECONDS"])) > past_the_claimed_lease
+        ),
+        timeout=START_DEADLINE,
+    )
+    assert second.popen.poll() is None
+    held = jobs.get(job_id)
+    assert (held.status, held.lease_owner) == (Status.RUNNING, claimed.lease_owner)
+    gates.open("job")
+    job = wait_for(lambda: final(jobs, job_id))
     assert (job.status, job.attempt, job.error) == (Status.SUCCEEDED, 1, None)
+    assert job.result == {"pid": first.pid}
+    assert gates.arrivals("job") == 1
 
 
-def test_a_sigkilled_processs_jobs_are_rescued_by_another(db_path, jobs, household, processes):
-    victim = flask_jobs_work(db_path, **FAST)
-    processes.append(victim)
-    wait_for(lambda: ready(victim))
-    once = jobs.enqueue("sleep", {"seconds": 60}, household_id=household.household_id)
-    retried = jobs.enqueue(
-        "sleep_on_first_attempt", {"seconds": 60}, household_id=household.household_id
-    )
-    wait_for(lambda: jobs.get(once).status == jobs.get(retried).status == Status.RUNNING)
+def final(jobs, job_id):
+    job = jobs.get(job_id)
+    return job if job.status in (Status.SUCCEEDED, Status.FAILED) else None
+
+
+def test_a_sigkilled_processs_jobs_are_rescued_by_another(jobs, household, start_worker, gates):
+    victim = start_worker()
+    gate = {"url": gates.url("victim")}
+    once = jobs.enqueue("wait_for_gate", gate, household_id=household.household_id)
+    retried = jobs.enqueue("wait_for_gate_retried", gate, household_id=household.household_id)
+    wait_for(lambda: gates.arrivals("victim") == 2, timeout=START_DEADLINE)
     victim.signal(signal.SIGKILL)
     victim.popen.wait()
-    rescuer = flask_jobs_work(db_path, **FAST)
-    processes.append(rescuer)
-    failed = wait_for(lambda: jobs.get(once).status == Status.FAILED and jobs.get(once))
-    assert failed.error == "interrupted by restart"
-    # Attempts left: re-queued, then run to success by the surviving process.
-    done = wait_for(lambda: jobs.get(retried).status == Status.SUCCEEDED and jobs.get(retried))
-    assert done.attempt == 2
+    gates.open("victim")  # whatever runs them next passes at once
+    rescuer = start_worker(wait=False)
+    failed = wait_for(lambda: final(jobs, once), timeout=START_DEADLINE)
+    assert (failed.status, failed.error) == (Status.FAILED, "interrupted by restart")
+    # Attempts left: re-queued, then run again, to success, by the surviving process.
+    done = wait_for(lambda: final(jobs, retried), timeout=START_DEADLINE)
+    assert (done.status, done.attempt, done.result) == (Status.SUCCEEDED, 2, {"pid": rescuer.pid})
+    assert gates.arrivals("victim") == 3
+    wait_working(rescuer)
     assert rescuer.stop() == 0
 
 
 def test_a_frozen_process_that_lost_its_lease_cannot_overwrite_the_rescued_job(
-    db_path, jobs, household, processes
+    jobs, household, start_worker, gates
 ):
-    frozen = flask_jobs_work(db_path, **FAST)
-    processes.append(frozen)
-    wait_for(lambda: ready(frozen))
-    job_id = jobs.enqueue("sleep", {"seconds": 1.5}, household_id=household.household_id)
-    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    frozen = start_worker()
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("frozen")}, household_id=household.household_id
+    )
+    wait_for(lambda: gates.arrivals("frozen") == 1, timeout=START_DEADLINE)
     frozen.signal(signal.SIGSTOP)
-    rescuer = flask_jobs_work(db_path, **FAST)
-    processes.append(rescuer)
-    rescued = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
-    assert rescued.error == "interrupted by restart"
-    assert rescuer.stop() == 0
+    # Working before it is stopped: its rescue at start may take the job back
+    # before its SIGTERM handler exists.
+    rescuer = start_worker()
+    rescued = wait_for(lambda: final(jobs, job_id), timeout=START_DEADLINE)
+    assert (rescued.status, rescued.error) == (Status.FAILED, "interrupted by restart")
+    assert rescuer.stop() == 0, rescuer.output()
     frozen.signal(signal.SIGCONT)
+    gates.open("frozen")
     # Thawed, it finds its lease gone (heartbeat or fenced final write) and writes nothing.
-    wait_for(lambda: "lost its lease" in frozen.output() or "no longer ours" in frozen.output())
-    assert frozen.stop() == 0
+    wait_for(
+        lambda: "lost its lease" in frozen.output() or "no longer ours" in frozen.output(),
+        timeout=START_DEADLINE,
+    )
+    assert frozen.stop() == 0, frozen.output()
     after = jobs.get(job_id)
     assert (after.status, after.error, after.finished_at) == (
         Status.FAILED,
@@ -140,18 +172,18 @@ def test_a_frozen_process_that_lost_its_lease_cannot_overwrite_the_rescued_job(
 
 
 def test_flask_jobs_work_stops_gracefully_and_records_what_it_had_to_stop(
-    db_path, jobs, household, processes
+    jobs, household, start_worker, gates
 ):
     # A lease far longer than the test: only the stopping pool can record the job.
-    worker = flask_jobs_work(
-        db_path, JOB_LEASE_SECONDS=600, JOB_HEARTBEAT_SECONDS=60, JOB_STOP_TIMEOUT_SECONDS=0.5
+    worker = start_worker(
+        JOB_LEASE_SECONDS=600, JOB_HEARTBEAT_SECONDS=60, JOB_STOP_TIMEOUT_SECONDS=0.5
     )
-    processes.append(worker)
-    wait_for(lambda: ready(worker))
-    quick = jobs.enqueue("sleep", {"seconds": 0.1}, household_id=household.household_id)
-    slow = jobs.enqueue("sleep", {"seconds": 60}, household_id=household.household_id)
-    wait_for(lambda: jobs.get(quick).status == Status.SUCCEEDED)
-    wait_for(lambda: jobs.get(slow).status == Status.RUNNING)
+    quick = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    slow = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("never")}, household_id=household.household_id
+    )
+    wait_for(lambda: jobs.get(quick).status == Status.SUCCEEDED, timeout=START_DEADLINE)
+    wait_for(lambda: gates.arrivals("never") == 1, timeout=START_DEADLINE)
     assert worker.stop() == 0, worker.output()
     job = jobs.get(slow)
     assert (job.status, job.error) == (Status.FAILED, "interrupted by restart")

@@ -26,7 +26,9 @@ from mealquest.recipes.fetch import (
 from tests.conftest import wait_for
 from tests.support.pages import PageServer, Reply
 
-LOOPBACK_OK = FetchPolicy(addresses=AddressPolicy(allow_private=True), total_timeout_seconds=5)
+# The limit is a deadline for a loaded machine, never what ends a test that
+# passes: a test about the limit sets its own.
+LOOPBACK_OK = FetchPolicy(addresses=AddressPolicy(allow_private=True), total_timeout_seconds=60)
 
 
 @pytest.fixture
@@ -146,7 +148,7 @@ def test_a_fetch_lets_other_greenlets_run_in_an_unpatched_process(pages):
         wait_for(lambda: len(ticks) > seen + 20)  # the hub runs while the fetch waits
         assert not fetcher.dead
         release.set()
-        assert fetcher.get(timeout=5).body == b"<html>late</html>"
+        assert fetcher.get(timeout=60).body == b"<html>late</html>"
     finally:
         ticker.kill()
 
@@ -178,7 +180,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
     names: list[str] = []
     context.sni_callback = lambda _sock, name, _ctx: names.append(name)
     listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(5)
+    listener.settimeout(60)
 
     def serve() -> None:
         try:

@@ -36,6 +36,8 @@ END;
 # after the claim, after a partial result is published, after the handler's
 # work but before its success is written, and right after it is written.
 POINTS = ("enqueued", "claimed", "published", "returning", "finished")
+# Generous for a loaded machine (a respawn imports the app): never waited out by a pass.
+DEADLINE = 60.0
 
 
 def transitions(db_path: str) -> dict[str, list[tuple[str | None, str, int]]]:
@@ -95,16 +97,20 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
             assert answer.status == 202, answer
         except (RemoteDisconnected, ConnectionResetError):
             assert point == "enqueued"  # the worker died before answering
-        wait_until(lambda n=number: kills(server) >= n, 30, f"no worker died at {point}")
+        wait_until(lambda n=number: kills(server) >= n, DEADLINE, f"no worker died at {point}")
         job_id = tagged()[point]  # none lost, the unanswered enqueue included
-        wait_until(lambda j=job_id: final_jobs(served.db_path, [j]), 30, f"{point}: not final")
+        wait_until(
+            lambda j=job_id: final_jobs(served.db_path, [j]), DEADLINE, f"{point}: not final"
+        )
 
     ids = tagged()
     assert sorted(ids) == sorted(POINTS)
     # Let the last respawned worker finish booting: a SIGTERM that reaches a
     # worker before gunicorn installs its handlers is lost, and the stop after
     # the test would then wait out the graceful timeout.
-    wait_until(lambda: server.log().count("job pool started") == 2 + len(POINTS), 30, "no respawn")
+    wait_until(
+        lambda: server.log().count("job pool started") == 2 + len(POINTS), DEADLINE, "no respawn"
+    )
     rows = final_jobs(served.db_path, list(ids.values()))
     assert rows is not None
     assert kills(server) == len(POINTS)

@@ -13,11 +13,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+from mealquest.clock import seconds, utc_now
 from tests.support.servers import (
     APP,
     BIN,
     LEASE_SECONDS,
-    POLL_SECONDS,
     RESCUE_SECONDS,
     HeldServer,
     Process,
@@ -25,14 +25,17 @@ from tests.support.servers import (
     final_jobs,
     http,
     job,
+    jobs_by_id,
     partial_pid,
     serving_env,
     wait_until,
 )
 from tests.support.serving_app import WORKER_PID_HEADER
 
+# Deadlines, generous for a loaded machine: a test that passes never waits one out.
+DEADLINE = 60.0
 # Time for gunicorn to notice a dead worker and boot a new one (imports the app).
-RESPAWN_SECONDS = 15.0
+RESPAWN_SECONDS = 60.0
 
 
 def runs_by_job(log: Path, event: str) -> dict[str, int]:
@@ -56,9 +59,11 @@ def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn):
         return {json.loads(row["result"])["pid"] for row in rows.values()}
 
     wait_until(
-        lambda: pids_that_ran_jobs() == workers, 30, "jobs did not run in both gunicorn workers"
+        lambda: pids_that_ran_jobs() == workers,
+        DEADLINE,
+        "jobs did not run in both gunicorn workers",
     )
-    rows = wait_until(lambda: final_jobs(served.db_path, ids), 10, "jobs did not finish")
+    rows = wait_until(lambda: final_jobs(served.db_path, ids), DEADLINE, "jobs did not finish")
     assert {row["status"] for row in rows.values()} == {"succeeded"}
 
 
@@ -71,9 +76,9 @@ def test_the_pool_runs_monkey_patched_socket_io_does_not_block_requests(served, 
     server = start_gunicorn(workers=2)
     with HeldServer() as slow:
         job_id = enqueue(server.url, served.token, "socket_io", {"port": slow.port})
-        wait_until(slow.connected.is_set, 10, "the job did not connect to the slow server")
+        wait_until(slow.connected.is_set, DEADLINE, "the job did not connect to the slow server")
         runner = wait_until(
-            lambda: partial_pid(served.db_path, job_id), 10, "the job did not publish its pid"
+            lambda: partial_pid(served.db_path, job_id), DEADLINE, "the job did not publish its pid"
         )
         answered_by: list[int] = []
 
@@ -86,28 +91,53 @@ def test_the_pool_runs_monkey_patched_socket_io_does_not_block_requests(served, 
 
         wait_until(
             get_answered_by_the_job_process,
-            20,
+            DEADLINE,
             f"no GET was answered by worker {runner} while its job's socket read was "
             f"pending (answered by {sorted(set(answered_by))}): the pool is not patched",
         )
         assert not slow.release.is_set()
         slow.release.set()
         row = wait_until(
-            lambda: final_jobs(served.db_path, [job_id]), 10, "the socket job did not finish"
+            lambda: final_jobs(served.db_path, [job_id]), DEADLINE, "the socket job did not finish"
         )[job_id]
     assert row["status"] == "succeeded"
     assert json.loads(row["result"]) == {"pid": runner, "received": len(slow.reply)}
 
 
-def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(served, start_gunicorn):
-    server = start_gunicorn(workers=2)
-    victim = enqueue(server.url, served.token, "pid_sleep", {"seconds": 60})
+def running_pids(db_path: str, job_ids: list[str]) -> dict[str, int] | None:
+    """Which process runs each job, once every one of them runs."""
+    pids = {job_id: partial_pid(db_path, job_id) for job_id in job_ids}
+    return pids if all(pids.values()) else None  # type: ignore[return-value]
+
+
+def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
+    served, start_gunicorn, gates, tmp_path
+):
+    server = start_gunicorn(workers=2, config={"JOB_WORKERS": 4})
+    log = tmp_path / "runs.log"
+    victim = enqueue(
+        server.url, served.token, "pid_gate", {"url": gates.url("victim"), "log": str(log)}
+    )
     others = [
-        enqueue(server.url, served.token, "pid_sleep_retried", {"seconds": 0.5}) for _ in range(6)
+        enqueue(
+            server.url,
+            served.token,
+            "pid_gate_retried",
+            {"url": gates.url("others"), "log": str(log)},
+        )
+        for _ in range(6)
     ]
-    killed = wait_until(lambda: partial_pid(served.db_path, victim), 10, "victim not running")
+    # Seven jobs held at once in eight slots: the victim's worker runs at
+    # least two of the others, which its death interrupts too.
+    pids = wait_until(
+        lambda: running_pids(served.db_path, [victim, *others]), DEADLINE, "jobs not running"
+    )
+    killed = pids[victim]
+    bystanders = [job_id for job_id in others if pids[job_id] == killed]
+    assert len(bystanders) >= 2, pids
     before = set(server.worker_pids())
     os.kill(killed, signal.SIGKILL)
+    gates.open("others")
 
     wait_until(
         lambda: len(server.worker_pids()) == 2 and killed not in server.worker_pids(),
@@ -118,24 +148,40 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(served, start_gu
     # The lease expires, then some pool's rescuer (every RESCUE_SECONDS) takes it back.
     row = wait_until(
         lambda: final_jobs(served.db_path, [victim]),
-        LEASE_SECONDS + RESCUE_SECONDS + POLL_SECONDS + 3,
+        DEADLINE,
         "the killed worker's job was not rescued",
     )[victim]
     assert (row["status"], row["error"]) == ("failed", "interrupted by restart")
-    rows = wait_until(lambda: final_jobs(served.db_path, others), 20, "other jobs did not finish")
+    rows = wait_until(
+        lambda: final_jobs(served.db_path, others), DEADLINE, "other jobs did not finish"
+    )
     assert {row["status"] for row in rows.values()} == {"succeeded"}
+    # The bystanders ran again elsewhere; the others ran once, where they started.
+    starts = runs_by_job(log, "start")
+    assert {job_id: starts[job_id] for job_id in others} == {
+        job_id: 2 if job_id in bystanders else 1 for job_id in others
+    }
+    assert all(json.loads(rows[job_id]["result"])["pid"] != killed for job_id in others)
 
 
-def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn):
-    server = start_gunicorn(workers=2, graceful_timeout=4)
-    short = enqueue(server.url, served.token, "pid_sleep", {"seconds": 1.5})
-    long = enqueue(server.url, served.token, "pid_sleep", {"seconds": 60})
-    long_retried = enqueue(server.url, served.token, "pid_sleep_retried", {"seconds": 60})
-    for job_id in (short, long, long_retried):
-        wait_until(lambda j=job_id: partial_pid(served.db_path, j), 10, "jobs not running")
+def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn, gates):
+    server = start_gunicorn(workers=2, graceful_timeout=5)
+    short = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("short")})
+    long = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("long")})
+    long_retried = enqueue(server.url, served.token, "pid_gate_retried", {"url": gates.url("long")})
+    wait_until(
+        lambda: running_pids(served.db_path, [short, long, long_retried]),
+        DEADLINE,
+        "jobs not running",
+    )
 
     server.signal(signal.SIGTERM)
-    assert server.wait(timeout=server.graceful_timeout + 5) == 0, server.log()
+    # Both workers are draining: the short job ends within the grace, the long ones never.
+    wait_until(
+        lambda: server.log().count("worker stopping:") == 2, DEADLINE, "workers did not drain"
+    )
+    gates.open("short")
+    assert server.wait(timeout=server.graceful_timeout + DEADLINE) == 0, server.log()
 
     assert job(served.db_path, short)["status"] == "succeeded"  # finished within the grace
     assert (job(served.db_path, long)["status"], job(served.db_path, long)["error"]) == (
@@ -151,32 +197,64 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
     assert "worker exit:" in server.log()
 
 
-def test_recycling_and_sighup_fail_no_job_and_run_none_twice(served, start_gunicorn, tmp_path):
-    """Jobs outlive the lease (3 s > 2 s), so a draining worker must keep
-    renewing it and new workers' rescues must leave live jobs alone."""
+def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
+    served, start_gunicorn, gates, tmp_path
+):
+    """Jobs held past their lease while their workers drain (SIGHUP and
+    max_requests replace them), so a draining worker must keep renewing it and
+    new workers' rescues must leave live jobs alone. The grace is longer than
+    any hold: the jobs finish when the test opens their gate. Each pool has a
+    slot for every job, so whichever worker still claims can hold them all."""
     server = start_gunicorn(
         workers=2,
-        graceful_timeout=8,
-        extra_args=("--timeout", "20", "--max-requests", "4", "--max-requests-jitter", "0"),
+        graceful_timeout=60,
+        config={"JOB_WORKERS": 12},
+        extra_args=("--timeout", "60", "--max-requests", "4", "--max-requests-jitter", "0"),
     )
     log = tmp_path / "runs.log"
     first_workers = set(server.worker_pids())
-    payload = {"seconds": 3.0, "log": str(log)}
-    ids = [enqueue(server.url, served.token, "pid_sleep", payload) for _ in range(6)]
-    wait_until(lambda: len(runs_by_job(log, "start")) >= 4, 10, "jobs did not start")
+    payload = {"url": gates.url("held"), "log": str(log)}
+    # With the readiness check, seven requests or more on two workers: one
+    # reaches max_requests and drains while jobs are held.
+    ids = [enqueue(server.url, served.token, "pid_gate", payload) for _ in range(6)]
+    wait_until(
+        lambda: (
+            len(runs_by_job(log, "start")) == len(ids)
+            or server.log().count("worker stopping:") == len(first_workers)
+        ),
+        DEADLINE,
+        "jobs did not start in the first workers",
+    )
     server.signal(signal.SIGHUP)
-    ids += [enqueue(server.url, served.token, "pid_sleep", payload) for _ in range(6)]
+    # Six requests on the two new workers: one of them at least keeps claiming.
+    ids += [enqueue(server.url, served.token, "pid_gate", payload) for _ in range(6)]
+    wait_until(lambda: len(runs_by_job(log, "start")) == len(ids), DEADLINE, "jobs did not start")
+    held_since = utc_now()
 
-    rows = wait_until(lambda: final_jobs(served.db_path, ids), 60, "jobs did not finish")
+    def held_for_a_lease() -> bool:
+        rows = jobs_by_id(served.db_path)
+        states = {job_id: (rows[job_id]["status"], rows[job_id]["attempt"]) for job_id in ids}
+        assert set(states.values()) == {("running", 1)}, states
+        return utc_now() > held_since + seconds(LEASE_SECONDS + 2 * RESCUE_SECONDS)
+
+    # Unless renewed, every lease would have expired meanwhile, and rescuers run.
+    wait_until(held_for_a_lease, DEADLINE, "jobs were not held for a lease")
+    assert "Autorestarting worker" in server.log()
+    assert "Hang up" in server.log()
+    gates.open("held")
+
+    rows = wait_until(lambda: final_jobs(served.db_path, ids), DEADLINE, "jobs did not finish")
     assert {job_id: row["status"] for job_id, row in rows.items()} == dict.fromkeys(
         ids, "succeeded"
     )
     assert runs_by_job(log, "start") == dict.fromkeys(ids, 1)  # none ran twice
     assert {row["attempt"] for row in rows.values()} == {1}
     # Both mechanisms really replaced workers while jobs ran.
-    assert "Autorestarting worker" in server.log()
-    assert "Hang up" in server.log()
-    assert not first_workers & set(server.worker_pids())
+    wait_until(
+        lambda: not first_workers & set(server.worker_pids()),
+        DEADLINE,
+        "the first workers did not exit after their drain",
+    )
 
 
 def test_web_only_workers_leave_jobs_to_flask_jobs_work(
@@ -190,7 +268,9 @@ def test_web_only_workers_leave_jobs_to_flask_jobs_work(
     processes.append(worker)
 
     row = wait_until(
-        lambda: final_jobs(served.db_path, [job_id]), 30, "flask jobs work did not run the job"
+        lambda: final_jobs(served.db_path, [job_id]),
+        DEADLINE,
+        "flask jobs work did not run the job",
     )[job_id]
     assert row["status"] == "succeeded"
     assert json.loads(row["result"])["pid"] == worker.pid

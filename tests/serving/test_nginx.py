@@ -27,7 +27,7 @@ def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, st
         assert polled.status == 200, polled
         return polled.json if polled.json["status"] == "succeeded" else None
 
-    body = wait_until(finished, 10, "the job did not succeed (polled through nginx)")
+    body = wait_until(finished, 60, "the job did not succeed (polled through nginx)")
     assert body == {
         "id": job_id,
         "kind": "publish_then_finish",

@@ -11,6 +11,7 @@ from marshmallow import Schema, fields
 from mealquest.jobs.model import Failure
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.runner import JobContext
+from tests.support.gates import pass_gate
 
 SECRET = "sk_live_TOPSECRET_7f3a9"
 
@@ -58,6 +59,14 @@ class AttemptSchema(Schema):
     attempt = fields.Integer(required=True, strict=True)
 
 
+class GateSchema(Schema):
+    url = fields.String(required=True)
+
+
+class GatePassedSchema(Schema):
+    pid = fields.Integer(required=True, strict=True)
+
+
 def succeed(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"value": payload["value"]}
 
@@ -73,6 +82,13 @@ def raise_secret_error(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
 def sleep(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     gevent.sleep(payload["seconds"])
     return {}
+
+
+def wait_for_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Runs until the test opens the gate at `url` (tests.support.gates), in any
+    process; says which process it ran in."""
+    pass_gate(payload["url"])
+    return {"pid": os.getpid()}
 
 
 def publish_then_finish(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -154,6 +170,14 @@ def register_test_kinds(registry: Registry) -> None:
         payload=SecondsSchema,
         result=EmptySchema,
         options=KindOptions(timeout_seconds=0.3, max_attempts=2, backoff=FAST_RETRY),
+    )
+    registry.register("wait_for_gate", wait_for_gate, payload=GateSchema, result=GatePassedSchema)
+    registry.register(
+        "wait_for_gate_retried",
+        wait_for_gate,
+        payload=GateSchema,
+        result=GatePassedSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
     registry.register(
         "publish_then_finish", publish_then_finish, payload=StepsSchema, result=StepResultSchema

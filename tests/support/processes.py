@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+import gevent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,8 +50,9 @@ class Process:
         if self.popen.poll() is None:
             os.kill(self.pid, signum)
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL the whole session if it does not exit in time."""
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then SIGKILL the whole session if it does not exit in time
+        (a deadline for a loaded machine: a stop that works returns at once)."""
         self.signal(signal.SIGTERM)
         try:
             return self.popen.wait(timeout)
@@ -73,6 +77,26 @@ def process_group() -> Iterator[list[Process]]:
             process.signal(signal.SIGCONT)
             process.kill()
             process.popen.wait()
+
+
+# Printed by `flask jobs work` once its SIGTERM handler is installed. "job pool
+# started" comes earlier: a SIGTERM between the two kills the process outright.
+WORKING = "Ctrl-C stops"
+
+
+def wait_working(process: Process, timeout: float = 60.0) -> None:
+    """Until `process` runs its pool and a SIGTERM would stop it gracefully.
+
+    The deadline allows for a slow start on a loaded machine (an import and
+    a re-exec under gevent's launcher); it never slows a start that works.
+    """
+    deadline = time.monotonic() + timeout
+    while WORKING not in process.output():
+        if process.popen.poll() is not None:
+            raise AssertionError(f"worker exited early:\n{process.output()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker not working within {timeout}s:\n{process.output()}")
+        gevent.sleep(0.02)
 
 
 def flask_jobs_work(db_path: str, **config: object) -> Process:

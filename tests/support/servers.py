@@ -246,7 +246,7 @@ class Gunicorn(Process):
     def worker_pids(self) -> list[int]:
         return children(self.pid)
 
-    def wait_ready(self, pools: bool = True, timeout: float = 30.0) -> None:
+    def wait_ready(self, pools: bool = True, timeout: float = 60.0) -> None:
         """Until every worker has booted (and started its pool) and HTTP answers."""
 
         def ready() -> bool:
@@ -311,7 +311,7 @@ class Nginx(Process):
         super().__init__(args, os.environ, workdir / "stdout.log")
         self.workdir = workdir
 
-    def wait_ready(self, timeout: float = 10.0) -> None:
+    def wait_ready(self, timeout: float = 30.0) -> None:
         def listening() -> bool:
             if self.popen.poll() is not None:
                 raise AssertionError(

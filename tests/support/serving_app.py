@@ -15,7 +15,6 @@ import signal
 import socket
 from typing import Any
 
-import gevent
 from flask import Blueprint, Response, request
 from marshmallow import Schema, fields, validate
 
@@ -25,6 +24,7 @@ from mealquest.extensions import get_jobs
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import JobContext
 from mealquest.jobs.schemas import JobSchema
+from tests.support.gates import pass_gate
 from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
 
 WORKER_PID_HEADER = "X-Worker-Pid"
@@ -36,8 +36,8 @@ class PidSchema(Schema):
     received = fields.Integer(load_default=None)
 
 
-class PidSleepSchema(Schema):
-    seconds = fields.Float(required=True)
+class PidGateSchema(Schema):
+    url = fields.String(required=True)
     log = fields.String(load_default=None)
 
 
@@ -70,11 +70,12 @@ def pid(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"pid": os.getpid()}
 
 
-def pid_sleep(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Publishes which process runs it, then sleeps (cooperatively) and reports."""
+def pid_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Publishes which process runs it, then waits until the test opens the
+    gate at `url` (tests.support.gates) and reports."""
     ctx.publish({"pid": os.getpid()})
     _log_run(payload["log"], "start", ctx.job_id, ctx.attempt, os.getpid())
-    gevent.sleep(payload["seconds"])
+    pass_gate(payload["url"])
     _log_run(payload["log"], "end", ctx.job_id, ctx.attempt, os.getpid())
     return {"pid": os.getpid()}
 
@@ -129,11 +130,11 @@ class _KillAfterFinish(logging.Handler):
 
 def register_serving_kinds(registry: Registry) -> None:
     registry.register("pid", pid, payload=EmptySchema, result=PidSchema)
-    registry.register("pid_sleep", pid_sleep, payload=PidSleepSchema, result=PidSchema)
+    registry.register("pid_gate", pid_gate, payload=PidGateSchema, result=PidSchema)
     registry.register(
-        "pid_sleep_retried",
-        pid_sleep,
-        payload=PidSleepSchema,
+        "pid_gate_retried",
+        pid_gate,
+        payload=PidGateSchema,
         result=PidSchema,
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
