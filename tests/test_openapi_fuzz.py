@@ -126,7 +126,6 @@ def api_schema(served, app, store, jobs, household, auth):
             job_id=done,
             source_url="https://example.com/pancakes",
             parsed=recipe,
-            now="2026-01-01T00:00:00Z",
         )
     )
 

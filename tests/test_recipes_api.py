@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
 from mealquest.recipes import queries
 from mealquest.recipes.parse import ParsedRecipe
@@ -22,7 +21,6 @@ def store_recipe(app, household_id: int, title: str) -> str:
         job_id=job_id,
         source_url=URL,
         parsed=parsed,
-        now=to_text(utc_now()),
     )
     return recipe.id
 
@@ -192,7 +190,6 @@ def test_storing_twice_for_one_job_keeps_one_recipe(app, household):
             job_id=job_id,
             source_url=URL,
             parsed=parsed,
-            now=to_text(utc_now()),
         )
 
     first = upsert("Soup")

@@ -115,13 +115,15 @@ def jobs_work() -> None:
         fatal.append(reason)
         stop_requested.set()
 
+    # Before the pool starts: a signal during its start must stop it
+    # gracefully once started, not kill the process mid-way.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(signum, stop_requested.set)
     try:
         migrations.require_migrated(service.store)
         pool = service.start_pool(on_fatal=on_fatal)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        gevent.signal_handler(signum, stop_requested.set)
     patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"
     click.echo(
         f"working with {service.settings.workers} workers ({patched}); Ctrl-C stops", err=True

@@ -126,11 +126,11 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
 
     runs = [line.split() for line in (tmp_path / "runs.log").read_text().splitlines()]
     runs_of = {point: [r for r in runs if r[0] == "run" and r[1] == ids[point]] for point in ids}
-    # Killed before the success was written: the rescuer re-queued it and the
-    # second attempt finished it.
+    # Killed before the success was written: the rescuer re-queued it, its
+    # attempt refunded (the process died, not the job), and it ran again.
     for point in ("claimed", "published", "returning"):
-        assert rows[ids[point]]["attempt"] == 2, point
-        assert [r[2] for r in runs_of[point]] == ["1", "2"], point
+        assert (rows[ids[point]]["attempt"], rows[ids[point]]["interruptions"]) == (1, 0), point
+        assert [r[2] for r in runs_of[point]] == ["1", "1"], point
     # Enqueued, or killed after its success was written: ran exactly once.
     for point in ("enqueued", "finished"):
         assert rows[ids[point]]["attempt"] == 1, point

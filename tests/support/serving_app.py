@@ -92,11 +92,20 @@ def socket_io(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"pid": os.getpid(), "received": received}
 
 
+def _has_run(path: str, job_id: str) -> bool:
+    try:
+        with open(path) as lines:
+            return any(line.split()[:2] == ["run", job_id] for line in lines)
+    except FileNotFoundError:
+        return False
+
+
 def crash(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """On its first attempt, SIGKILLs its own process at the state change named
-    by `at`; later attempts run to the end."""
+    """On its first run, SIGKILLs its own process at the state change named by
+    `at`; later runs go to the end. (Not by attempt: an interruption refunds
+    the attempt, so the run after the crash has the same attempt number.)"""
     at, log = payload["at"], payload["log"]
-    first = ctx.attempt == 1
+    first = not _has_run(log, ctx.job_id)
     _log_run(log, "run", ctx.job_id, ctx.attempt, os.getpid())
     if first and at == "claimed":
         _kill_this_process()
