@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import gevent
 import pytest
@@ -323,11 +323,16 @@ def test_a_retry_waits_for_its_backoff(jobs, store, household):
     assert [j.attempt for j in claim(store, owner="o", limit=5, now=later)] == [2]
 
 
-def test_stop_waits_for_running_jobs_that_finish_in_time(jobs, household):
-    job_id = jobs.enqueue("sleep", {"seconds": 0.2}, household_id=household.household_id)
+def test_stop_waits_for_running_jobs_that_finish_in_time(jobs, household, gates):
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
+    )
     pool = jobs.start_pool()
-    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
-    report = pool.stop(timeout=10)
+    wait_for(lambda: gates.arrivals("g") == 1)
+    stopping = gevent.spawn(pool.stop, 60)
+    wait_for(lambda: pool.producer.stopping.is_set())
+    gates.open("g")
+    report = stopping.get(timeout=60)
     assert (report.finished, report.requeued, report.failed) == (1, (), ())
     assert jobs.get(job_id).status == Status.SUCCEEDED
 
@@ -393,36 +398,38 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     assert jobs.get(once).error == "interrupted by restart"
 
 
-def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(make_app, household):
-    from mealquest.extensions import get_jobs
-
-    app = make_app()
-    jobs, store = get_jobs(app), get_store(app)
+def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(
+    jobs, store, household, gates
+):
     job_id = jobs.enqueue(
-        "publish_then_finish", {"steps": 50, "pause": 0.05}, household_id=household.household_id
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
     )
     pool = jobs.start_pool()
-    wait_for(lambda: jobs.get(job_id).result)
+    wait_for(lambda: gates.arrivals("g") == 1)
     # Another process's rescuer takes the job back (its view: the lease expired).
     recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.failed == (job_id,)
+    # The heartbeat finds the lease gone and stops the handler before the gate opens.
     wait_for(lambda: pool.active_jobs() == [])
+    gates.open("g")
     job = jobs.get(job_id)
-    assert (job.status, job.error) == (Status.FAILED, "interrupted by restart")
-    gevent.sleep(0.2)
-    assert jobs.get(job_id).result == job.result
+    assert (job.status, job.error, job.result) == (Status.FAILED, "interrupted by restart", None)
 
 
-def test_heartbeat_renews_leases_of_running_jobs(make_app, household):
-    from mealquest.extensions import get_jobs
-
+def test_heartbeat_renews_leases_of_running_jobs(make_app, household, gates):
     app = make_app(JOB_LEASE_SECONDS=1.0, JOB_HEARTBEAT_SECONDS=0.2)
     jobs = get_jobs(app)
-    job_id = jobs.enqueue("sleep", {"seconds": 2.5}, household_id=household.household_id)
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
+    )
     jobs.start_pool()
-    first = wait_for(lambda: jobs.get(job_id).lease_expires_at)
-    wait_for(lambda: (jobs.get(job_id).lease_expires_at or first) > first)
-    # Outlives its 1 s lease because the heartbeat renews it, and is never rescued.
+    wait_for(lambda: gates.arrivals("g") == 1)
+    first = datetime.fromisoformat(jobs.get(job_id).lease_expires_at)
+    # Renewed past the end of its first 1 s lease, and never rescued meanwhile.
+    beyond = to_text(first + timedelta(seconds=1))
+    wait_for(lambda: jobs.get(job_id).lease_expires_at > beyond)
+    assert Rescuer(get_store(app)).run_once() == queries.Recovered()
+    gates.open("g")
     job = wait_for(lambda: final(jobs, job_id))
     assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
 
@@ -446,32 +453,44 @@ def test_a_pool_never_fails_running_jobs_of_another_live_owner_at_start(jobs, st
     assert (job.status, job.lease_owner) == (Status.RUNNING, "live-worker")
 
 
-def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household):
+def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household, gates):
     app = make_app(JOB_LEASE_SECONDS=0.6, JOB_HEARTBEAT_SECONDS=0.1)
     jobs, store = get_jobs(app), get_store(app)
-    job_id = jobs.enqueue("sleep", {"seconds": 1.5}, household_id=household.household_id)
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
+    )
     pool = jobs.start_pool()
-    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
-    stopping = gevent.spawn(pool.stop, 10)
+    wait_for(lambda: gates.arrivals("g") == 1)
+    first = datetime.fromisoformat(jobs.get(job_id).lease_expires_at)
+    beyond = to_text(first + timedelta(seconds=1.2))
+    stopping = gevent.spawn(pool.stop, 60)
     rescuer = Rescuer(store)
-    # Another process's rescuer keeps looking while the stopping pool waits.
-    while not stopping.ready():
-        assert rescuer.run_once(utc_now()) == queries.Recovered()
-        gevent.sleep(0.05)
-    assert stopping.get().finished == 1
+
+    def renewed_past_two_leases() -> bool:
+        # Another process's rescuer keeps looking while the stopping pool waits.
+        assert rescuer.run_once() == queries.Recovered()
+        return jobs.get(job_id).lease_expires_at > beyond
+
+    wait_for(renewed_past_two_leases, interval=0.05)
+    assert not stopping.ready()
+    gates.open("g")
+    assert stopping.get(timeout=60).finished == 1
     job = jobs.get(job_id)
     assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
 
 
 def test_a_finished_job_keeps_its_outcome_through_a_lock_longer_than_the_deadline(
-    make_app, lock_holder, household, mealquest_logs
+    make_app, lock_holder, household, mealquest_logs, gates
 ):
     app = make_app(DB_BUSY_TIMEOUT_SECONDS=0.3)
     jobs = get_jobs(app)
-    job_id = jobs.enqueue("sleep", {"seconds": 0.3}, household_id=household.household_id)
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
+    )
     jobs.start_pool()
-    wait_for(lambda: jobs.get(job_id).status == Status.RUNNING)
+    wait_for(lambda: gates.arrivals("g") == 1)
     lock_holder.hold()
+    gates.open("g")  # the handler returns while the database stays locked
     wait_for(lambda: any("unavailable while recording" in r.getMessage() for r in mealquest_logs))
     lock_holder.release()
     job = wait_for(lambda: final(jobs, job_id))

@@ -1,6 +1,6 @@
 """The runner against hostile handlers, lost leases, interruptions and bad rows.
 
-Jobs that must stay running wait on gates the test opens (gevent events: the
+Jobs that must stay running wait on latches the test opens (gevent events: the
 pool runs in the test's process), never on a sleep.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -41,12 +42,15 @@ class GateSchema(Schema):
     gate = fields.String(required=True)
 
 
-class Gates:
-    """Events the test kinds wait on, and what happened to their handlers, in order."""
+class Latches:
+    """In-process latches (gevent events) the hostile kinds wait on, and what
+    happened to their handlers, in order."""
 
     def __init__(self) -> None:
         self.events: defaultdict[str, Event] = defaultdict(Event)
         self.log: list[tuple[str, str, int]] = []
+        # Set from the hub monitor's thread (a native event: the hub is blocked).
+        self.hub_reported = threading.Event()
 
     def open(self, gate: str) -> None:
         self.events[gate].set()
@@ -55,45 +59,48 @@ class Gates:
         return [entry for entry in self.log if entry[:2] == (what, gate)]
 
 
-def register_hostile_kinds(service: JobService, gates: Gates) -> None:
+def register_hostile_kinds(service: JobService, latches: Latches) -> None:
     """Handlers that hold, ignore their timeout or stop, block the hub, or meet a locked store."""
 
     def held(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         gate = payload["gate"]
-        gates.log.append(("start", gate, ctx.attempt))
+        latches.log.append(("start", gate, ctx.attempt))
         try:
-            gates.events[gate].wait()
+            latches.events[gate].wait()
         except BaseException as stop:
-            gates.log.append((f"stopped by {type(stop).__name__}", gate, ctx.attempt))
+            latches.log.append((f"stopped by {type(stop).__name__}", gate, ctx.attempt))
             raise
-        gates.log.append(("end", gate, ctx.attempt))
+        latches.log.append(("end", gate, ctx.attempt))
         return {}
 
     def stubborn(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         """Swallows every kill (a timeout, a stop, a lost lease) until its gate opens."""
         gate = payload["gate"]
-        gates.log.append(("start", gate, ctx.attempt))
-        while not gates.events[gate].is_set():
+        latches.log.append(("start", gate, ctx.attempt))
+        while not latches.events[gate].is_set():
             try:
-                gates.events[gate].wait()
+                latches.events[gate].wait()
             except BaseException as stop:
-                gates.log.append((f"ignored {type(stop).__name__}", gate, ctx.attempt))
-        gates.log.append(("end", gate, ctx.attempt))
+                latches.log.append((f"ignored {type(stop).__name__}", gate, ctx.attempt))
+        latches.log.append(("end", gate, ctx.attempt))
         return {}
 
     def returns_after_its_timeout(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         with contextlib.suppress(BaseException):
-            gates.events[payload["gate"]].wait()
+            latches.events[payload["gate"]].wait()
         return {"value": 1}
 
     def blocks_the_hub(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        # The test process is not monkey-patched: this sleep holds the hub.
-        time.sleep(0.6)
+        # The test process is not monkey-patched: these sleeps hold the hub,
+        # until the monitor (in its own thread) has said so, or a deadline.
+        deadline = time.monotonic() + 30
+        while not latches.hub_reported.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
         return {}
 
     def writes_after_its_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        gates.log.append(("start", payload["gate"], ctx.attempt))
-        gates.events[payload["gate"]].wait()
+        latches.log.append(("start", payload["gate"], ctx.attempt))
+        latches.events[payload["gate"]].wait()
         ctx.write(lambda tx: tx.execute("UPDATE households SET name = name WHERE id = 0"))
         return {}
 
@@ -133,30 +140,32 @@ def register_hostile_kinds(service: JobService, gates: Gates) -> None:
 
 
 @pytest.fixture
-def gates() -> Iterator[Gates]:
-    gates = Gates()
-    yield gates
-    for event in gates.events.values():  # let every held handler end
+def latches() -> Iterator[Latches]:
+    latches = Latches()
+    yield latches
+    for event in latches.events.values():  # let every held handler end
         event.set()
 
 
 @pytest.fixture
-def hostile(make_app, gates) -> Callable[..., JobService]:
+def hostile(make_app, latches) -> Callable[..., JobService]:
     def make(**config: Any) -> JobService:
         service = get_jobs(make_app(JOB_KILL_GRACE_SECONDS=0.3, **config))
-        register_hostile_kinds(service, gates)
+        register_hostile_kinds(service, latches)
         return service
 
     return make
 
 
 @pytest.fixture
-def logs() -> Iterator[list[logging.LogRecord]]:
+def logs(latches) -> Iterator[list[logging.LogRecord]]:
     records: list[logging.LogRecord] = []
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             records.append(record)
+            if "blocked the event loop" in record.getMessage():
+                latches.hub_reported.set()  # may be the monitor's thread
 
     handler = Collect(level=logging.DEBUG)
     logger = logging.getLogger("mealquest")
@@ -192,13 +201,13 @@ def test_a_handler_that_catches_its_timeout_and_returns_is_recorded_timed_out(
 
 
 def test_a_handler_that_will_not_die_keeps_its_slot_is_recorded_and_restarts_the_process(
-    hostile, household, gates, logs
+    hostile, household, latches, logs
 ):
     jobs = hostile(JOB_WORKERS=1)
     stubborn = enqueue(jobs, "stubborn", household, gate="stubborn")
     fatal: list[str] = []
     pool = jobs.start_pool(on_fatal=fatal.append)
-    wait_for(lambda: gates.seen("ignored Timeout", "stubborn"))
+    wait_for(lambda: latches.seen("ignored Timeout", "stubborn"))
     # Past its timeout plus the grace, still alive: recorded now, and final even
     # with attempts left (a second attempt would run beside it).
     job = wait_for(lambda: jobs.get(stubborn).status == Status.FAILED and jobs.get(stubborn))
@@ -212,90 +221,90 @@ def test_a_handler_that_will_not_die_keeps_its_slot_is_recorded_and_restarts_the
     assert jobs.get(waiting).status == Status.QUEUED
     assert pool.active_jobs() == [stubborn]
     # Once it dies, the slot frees; nothing it returns is recorded.
-    gates.open("stubborn")
-    wait_for(lambda: gates.seen("start", "next"))
-    gates.open("next")
+    latches.open("stubborn")
+    wait_for(lambda: latches.seen("start", "next"))
+    latches.open("next")
     assert wait_for(lambda: jobs.get(waiting).status == Status.SUCCEEDED)
     assert (jobs.get(stubborn).status, jobs.get(stubborn).error) == (Status.FAILED, "timed out")
 
 
 def test_the_heartbeat_does_not_renew_a_handler_past_its_timeout_and_grace(
-    hostile, household, gates
+    hostile, household, latches
 ):
     jobs = hostile()
     job_id = enqueue(jobs, "stubborn", household, gate="g")
     pool = jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     [entry] = pool.executor.running.values()
     assert pool.heartbeat.renewable(entry, time.monotonic())
     assert not pool.heartbeat.renewable(entry, entry.deadline + 0.31)
     wait_for(lambda: jobs.get(job_id).status == Status.FAILED)
 
 
-def test_stop_never_requeues_a_handler_that_ignores_it(hostile, household, gates, logs):
+def test_stop_never_requeues_a_handler_that_ignores_it(hostile, household, latches, logs):
     jobs = hostile()
     job_id = enqueue(jobs, "stubborn_slow", household, gate="g")
     pool = jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     report = pool.stop(timeout=0.1)
     # Its kind re-queues interrupted jobs, but this handler still runs: failed instead.
     assert (report.requeued, report.failed) == ((), (job_id,))
     job = jobs.get(job_id)
     assert (job.status, job.error, job.attempt) == (Status.FAILED, "interrupted by restart", 1)
     assert "handler will not die: it ignored the stop" in errors_about(logs, job_id)
-    gates.open("g")
-    wait_for(lambda: gates.seen("end", "g"))
-    assert [entry[0] for entry in gates.log] == ["start", "ignored PoolStopping", "end"]
+    latches.open("g")
+    wait_for(lambda: latches.seen("end", "g"))
+    assert [entry[0] for entry in latches.log] == ["start", "ignored PoolStopping", "end"]
     assert jobs.get(job_id).status == Status.FAILED
 
 
 # -- leases ------------------------------------------------------------------------------------
 
 
-def test_a_process_never_rescues_its_own_live_handlers_job(hostile, household, gates):
+def test_a_process_never_rescues_its_own_live_handlers_job(hostile, household, latches):
     jobs = hostile()
     job_id = enqueue(jobs, "held", household, gate="g")
     pool = jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     assert pool.rescue_once(utc_now() + timedelta(hours=1)) == queries.Recovered()
-    gates.open("g")
+    latches.open("g")
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert job.attempt == 1
 
 
 def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
-    hostile, household, gates
+    hostile, household, latches
 ):
     jobs = hostile()
     store = jobs.store
     job_id = enqueue(jobs, "held", household, gate="g")
     jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     # Another process, whose clock runs an hour ahead, takes the job back.
     recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.requeued == (job_id,)
-    wait_for(lambda: len(gates.seen("start", "g")) == 2)
-    first_stop = gates.log.index(("stopped by LeaseLost", "g", 1))
-    second_start = [i for i, entry in enumerate(gates.log) if entry[:2] == ("start", "g")][1]
+    wait_for(lambda: len(latches.seen("start", "g")) == 2)
+    first_stop = latches.log.index(("stopped by LeaseLost", "g", 1))
+    second_start = [i for i, entry in enumerate(latches.log) if entry[:2] == ("start", "g")][1]
     assert first_stop < second_start
-    gates.open("g")
+    latches.open("g")
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     # The interruption refunded the attempt.
     assert (job.attempt, job.interruptions) == (1, 0)
 
 
 def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_expires(
-    hostile, household, gates, lock_holder
+    hostile, household, latches, lock_holder
 ):
     jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
     job_id = enqueue(jobs, "held", household, gate="g")
     jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     expires = jobs.get(job_id).lease_expires_at
     lock_holder.hold()
-    wait_for(lambda: gates.seen("stopped by LeaseLost", "g"))
+    wait_for(lambda: latches.seen("stopped by LeaseLost", "g"))
     stopped_at = to_text(utc_now())
-    gates.open("g")
+    latches.open("g")
     lock_holder.release()
     # Stopped while its lease still held, so no rescuer could have re-queued it
     # beside the live handler; then rescued once the lease expired, and re-run.
@@ -376,11 +385,11 @@ def test_a_kind_of_one_attempt_fails_at_its_first_interruption_unless_it_says_re
     )
 
 
-def test_a_graceful_stop_refunds_the_attempt_of_a_requeue_kind(hostile, household, gates):
+def test_a_graceful_stop_refunds_the_attempt_of_a_requeue_kind(hostile, household, latches):
     jobs = hostile()
     job_id = enqueue(jobs, "held", household, gate="g")
     pool = jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     assert pool.stop(timeout=0.1).requeued == (job_id,)
     job = jobs.get(job_id)
     assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 0, 1)
@@ -390,19 +399,19 @@ def test_a_graceful_stop_refunds_the_attempt_of_a_requeue_kind(hostile, househol
 
 
 def test_a_handler_whose_write_meets_an_unavailable_store_keeps_its_attempt(
-    hostile, household, gates, lock_holder, logs
+    hostile, household, latches, lock_holder, logs
 ):
     jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.2)
     job_id = enqueue(jobs, "writes_after_its_gate", household, gate="g")
     jobs.start_pool()
-    wait_for(lambda: gates.seen("start", "g"))
+    wait_for(lambda: latches.seen("start", "g"))
     lock_holder.hold()
-    gates.open("g")
+    latches.open("g")
     wait_for(lambda: any("storage fault" in r.getMessage() for r in logs))
     lock_holder.release()
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert job.attempt == 1
-    assert len(gates.seen("start", "g")) == 2
+    assert len(latches.seen("start", "g")) == 2
 
 
 def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, household, logs):
