@@ -52,7 +52,6 @@ def _enqueue(db: str, household: int, n: int) -> None:
 
 
 def claim_rate_child(args: dict) -> dict:
-    from mealquest.clock import seconds, to_text, utc_now
     from mealquest.jobs import queries
     from mealquest.store import Store
 
@@ -62,13 +61,8 @@ def claim_rate_child(args: dict) -> dict:
     store.write(lambda tx: None)  # opens the writer connection and thread
     started = time.perf_counter()
     for _ in range(n):
-        now = utc_now()
         claimed = store.write(
-            queries.claim,
-            owner="bench",
-            now=to_text(now),
-            lease_expires_at=to_text(now + seconds(30)),
-            limit=1,
+            queries.claim, owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",)
         )
         assert len(claimed) == 1
     through_store = time.perf_counter() - started

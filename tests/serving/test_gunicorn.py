@@ -188,12 +188,15 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
         "failed",
         "interrupted by restart",
     )
+    # Its kind re-queues interrupted jobs with the attempt refunded: a deploy
+    # is not the job's failure.
     requeued = job(served.db_path, long_retried)
-    assert (requeued["status"], requeued["attempt"], requeued["lease_owner"]) == (
-        "queued",
-        1,
-        None,
-    )
+    assert (
+        requeued["status"],
+        requeued["attempt"],
+        requeued["interruptions"],
+        requeued["lease_owner"],
+    ) == ("queued", 0, 1, None)
     assert "worker exit:" in server.log()
 
 
