@@ -137,6 +137,13 @@ class _KillAfterFinish(logging.Handler):
             _kill_this_process()
 
 
+def hog(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """A poison pill: holds the event loop with a CPU loop until its process dies."""
+    ctx.publish({"pid": os.getpid()})
+    while True:
+        pass
+
+
 def register_serving_kinds(registry: Registry) -> None:
     registry.register("pid", pid, payload=EmptySchema, result=PidSchema)
     registry.register("pid_gate", pid_gate, payload=PidGateSchema, result=PidSchema)
@@ -148,6 +155,13 @@ def register_serving_kinds(registry: Registry) -> None:
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
     registry.register("socket_io", socket_io, payload=SocketIOSchema, result=PidSchema)
+    registry.register(
+        "hog",
+        hog,
+        payload=EmptySchema,
+        result=PidSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
     # Enough attempts for a job killed once by its own crash and once more as
     # a bystander of another job's crash in the same process.
     registry.register(
