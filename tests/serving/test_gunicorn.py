@@ -162,6 +162,8 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
         job_id: 2 if job_id in bystanders else 1 for job_id in others
     }
     assert all(json.loads(rows[job_id]["result"])["pid"] != killed for job_id in others)
+    # The bystanders' interruption cost them no attempt: their kind re-queues.
+    assert {rows[job_id]["attempt"] for job_id in others} == {1}
 
 
 def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn, gates):
