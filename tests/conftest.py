@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,13 @@ def other_household(store: Store) -> IssuedToken:
 @pytest.fixture
 def auth(household: IssuedToken) -> dict[str, str]:
     return {"Authorization": f"Bearer {household.token}"}
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Every record of the `mealquest` logger (which does not propagate), DEBUG up."""
+    logger = logging.getLogger("mealquest")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG)
+    yield caplog
+    logger.removeHandler(caplog.handler)

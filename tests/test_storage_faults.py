@@ -16,8 +16,8 @@ import pytest
 from mealquest import migrations
 from mealquest.store import StorageFault, Store, StoreUnavailable
 from tests.support.small_disk import SmallDisk
+from tests.test_store import household_names, insert_household
 
-NOW = "2025-01-01T00:00:00.000000Z"
 URL = "https://recipes.example/soup"
 
 
@@ -40,28 +40,6 @@ def db_path(small_disk: SmallDisk) -> str:
     path = str(small_disk.path / "mealquest.sqlite3")
     migrations.upgrade(path)
     return path
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Every record of the `mealquest` logger (which does not propagate), DEBUG up."""
-    logger = logging.getLogger("mealquest")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.DEBUG)
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
-def insert_household(tx, name):
-    return tx.execute(
-        "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id", (name, NOW)
-    ).fetchone()[0]
-
-
-def household_names(store):
-    return store.read(
-        lambda conn: [r[0] for r in conn.execute("SELECT name FROM households ORDER BY id")]
-    )
 
 
 def assert_unavailable(response):

@@ -7,7 +7,6 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 
 import gevent
 import pytest
@@ -381,16 +380,6 @@ class Sabotage(Exception):
 
 class Fatal(BaseException):
     """Raised by a test's own callback to end the writer thread."""
-
-
-@pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """Every record of the `mealquest` logger (which does not propagate), DEBUG up."""
-    logger = logging.getLogger("mealquest")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.DEBUG)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 def settle(greenlet: gevent.Greenlet) -> gevent.Greenlet:
