@@ -144,13 +144,10 @@ class JobContext:
 class Executor:
     """Runs handlers in `settings.workers` slots and hands their outcomes to the completer."""
 
-    def __init__(
-        self, store: Store, registry: Registry, settings: PoolSettings, owner: str
-    ) -> None:
+    def __init__(self, store: Store, registry: Registry, settings: PoolSettings) -> None:
         self.store = store
         self.registry = registry
         self.settings = settings
-        self.owner = owner
         self.completer: Completer | None = None  # set by the pool before any job starts
         # By lease: a job taken from a handler that has not died yet may be
         # claimed again here under a new lease.

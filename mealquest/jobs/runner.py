@@ -75,7 +75,7 @@ class Pool:
         self.owner = owner or secrets.token_hex(16)
         self.on_fatal = on_fatal
         self.fatal_reason: str | None = None
-        self.executor = Executor(store, registry, self.settings, self.owner)
+        self.executor = Executor(store, registry, self.settings)
         self.producer = Producer(store, registry, self.settings, self.owner, self.executor)
         self.completer = Completer(store, self.executor, self.producer.next_claim)
         self.executor.completer = self.completer
