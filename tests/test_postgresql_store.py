@@ -27,6 +27,7 @@ from mealquest.db.postgresql.store import PostgresStore
 from mealquest.jobs.model import OnInterrupt
 from mealquest.store import StoreError, StoreUnavailable, StoreUsedAcrossFork
 from tests.conftest import wait_for
+from tests.support import postgres as postgres_support
 from tests.support.postgres import fresh_database, require_postgres_url
 from tests.support.processes import REPO
 from tests.support.servers import free_port
@@ -595,3 +596,34 @@ def test_without_listen_no_connection_listens_and_data_version_still_moves(store
         ).fetchone()[0]
     assert listeners == 0
     assert store._listener is None
+
+
+# -- the tests' own support -------------------------------------------------------------------
+
+
+def test_without_a_server_tests_fail_under_ci_and_are_skipped_elsewhere(monkeypatch):
+    monkeypatch.setattr(postgres_support, "POSTGRES_URL", None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="MEALQUEST_TEST_POSTGRES_URL"):
+        postgres_support.require_postgres_url()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="scripts/postgres start"):
+        postgres_support.require_postgres_url()
+
+
+def test_a_database_handed_out_again_is_as_new():
+    server = require_postgres_url()
+    with fresh_database(server, migrated=True) as first:
+        left_open = psycopg.connect(first, autocommit=True)
+        left_open.execute("INSERT INTO households (name, created_at) VALUES ('x', now())")
+
+    with fresh_database(server, migrated=True) as second, psycopg.connect(second) as conn:
+        assert second == first  # the same database, emptied
+        assert conn.execute("SELECT count(*) FROM households").fetchone()[0] == 0
+        new_id = conn.execute(
+            "INSERT INTO households (name, created_at) VALUES ('y', now()) RETURNING id"
+        ).fetchone()[0]
+        assert new_id == 1
+    with pytest.raises(psycopg.OperationalError):
+        left_open.execute("SELECT 1")  # cut when its test ended
+    left_open.close()
