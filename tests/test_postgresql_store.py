@@ -309,6 +309,19 @@ def test_a_statement_past_the_deadline_is_cancelled_and_the_connection_kept(make
     )
 
 
+def test_the_pools_warnings_name_the_error_without_its_text(make_store, caplog):
+    store = make_store(f"postgresql://u:p@127.0.0.1:{free_port()}/db", busy_timeout_seconds=0.5)
+
+    with caplog.at_level(logging.DEBUG):
+        outcome = call_in_thread(lambda: store.read(names_of))
+
+    assert isinstance(outcome.get("error"), StoreUnavailable)
+    failed_connects = [r for r in caplog.records if r.name.startswith("psycopg")]
+    assert failed_connects  # the pool did say that it could not connect...
+    for record in failed_connects:
+        assert "refused" not in record.getMessage().lower()  # ...but not the driver's words
+
+
 def test_a_wrong_password_is_unavailable_and_never_written_anywhere(pg_url, make_store, caplog):
     wrong = pg_url.replace("://mealquest:", "://mealquest:Wr0ng-pa55word-", 1)
     assert wrong != pg_url

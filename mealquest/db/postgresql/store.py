@@ -16,8 +16,8 @@
   whether its waits yield to gevent (see `waiting`).
 
 Error texts of the driver quote the host and sometimes the statement, so
-none reaches a `StoreUnavailable`; the URL and its password never appear in
-an error or a log line.
+none reaches a `StoreUnavailable` or a log line below ERROR (`driver_logs`);
+the URL and its password never appear in an error or a log line.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import gevent
 from gevent import monkey
 
+from mealquest.db.postgresql.driver_logs import quiet_driver_logs
 from mealquest.db.postgresql.notify import Listener, Notifier
 from mealquest.db.postgresql.waiting import require_cooperative_psycopg
 from mealquest.store import StoreError, StoreUnavailable, StoreUsedAcrossFork
@@ -119,6 +120,7 @@ class PostgresStore:
         self.pool_size = int(pool_size)
         self.listen = listen
         self.notifier = Notifier(self)
+        quiet_driver_logs()
         self._pid = os.getpid()
         self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
         # Whether psycopg's waits yield to gevent here (set when the pool opens).
