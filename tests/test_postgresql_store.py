@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import uuid
@@ -336,6 +338,76 @@ def test_a_wrong_password_is_unavailable_and_never_written_anywhere(pg_url, make
     assert "Wr0ng-pa55word" not in repr(store)
     for record in caplog.records:
         assert "Wr0ng-pa55word" not in record.getMessage()
+
+
+class PrivateServer:
+    """A PostgreSQL server of the test's own, started by `scripts/postgres`, which
+    the test may stop and restart without disturbing other tests."""
+
+    SCRIPT = REPO / "scripts" / "postgres"
+
+    def __init__(self) -> None:
+        # Directly under the temp folder: the server's user must reach it.
+        self.directory = tempfile.mkdtemp(prefix="mq-pg-")
+        self.url = self.run("start")
+
+    def run(self, command):
+        done = subprocess.run(
+            [str(self.SCRIPT), command, self.directory],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def remove(self):
+        with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
+            self.run("stop")
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_server():
+    require_postgres_url()  # PostgreSQL tests run only where a server can be had
+    server = PrivateServer()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def answers(store):
+    """Whether the store answers now; False when it is unavailable."""
+    try:
+        return store.read(lambda conn: conn.execute("SELECT 1 AS one").fetchone()["one"]) == 1
+    except StoreUnavailable:
+        return False
+
+
+def test_the_store_is_unavailable_while_the_server_is_down_and_recovers_by_itself(
+    private_server, make_store
+):
+    store = make_store(private_server.url, busy_timeout_seconds=1, pool_size=1)
+    assert answers(store)
+
+    private_server.run("stop")
+    for _ in range(3):  # every call while it is down, each within its deadline
+        outcome = call_in_thread(lambda: store.read(names_of))
+        assert isinstance(outcome.get("error"), StoreUnavailable)
+    private_server.run("start")
+
+    wait_for(lambda: answers(store), timeout=20)
+
+
+def test_the_store_recovers_by_itself_from_a_server_restart(private_server, make_store):
+    store = make_store(private_server.url, busy_timeout_seconds=1, pool_size=1)
+    assert answers(store)  # the pool now holds a connection the restart will cut
+
+    private_server.run("restart")
+
+    wait_for(lambda: answers(store), timeout=20)
 
 
 # -- gevent -----------------------------------------------------------------------------------
