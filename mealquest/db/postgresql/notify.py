@@ -13,9 +13,10 @@ work sooner. Two parts:
   what it hears; the count is the store's `data_version`. Off with
   `listen=False` (PgBouncer in transaction mode cannot LISTEN).
 
-Both run their waits in `threading` objects looked up when used: greenlets
-in a gevent-patched process, native threads otherwise, so neither ever
-blocks a hub.
+The listener runs in a `threading.Thread` looked up when it starts: a
+greenlet in a gevent-patched process, a native thread otherwise, so it never
+blocks a hub. The trailing NOTIFY is a greenlet scheduled on the hub of the
+committing thread.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import gevent
 
 from mealquest.store import StoreError
 
@@ -54,7 +57,7 @@ class Notifier:
         self.interval = interval
         self.sent = 0  # NOTIFY statements issued (in transactions that may roll back)
         self._last = -float("inf")
-        self._trailing: Any = None  # the pending trailing NOTIFY's timer
+        self._trailing: gevent.Greenlet | None = None  # the pending trailing NOTIFY
         self._lock = threading.Lock()
 
     def enqueued(self, tx: PostgresTransaction) -> bool:
@@ -76,17 +79,16 @@ class Notifier:
             if self._trailing is not None:
                 return
             delay = max(self._last + self.interval - time.monotonic(), 0.0)
-            timer = self._trailing = threading.Timer(delay, self._trail)
-            timer.daemon = True
-        timer.start()
+            # A greenlet on the committing thread's hub: the worker's own in a
+            # gevent process; elsewhere it runs whenever that hub does.
+            self._trailing = gevent.spawn_later(delay, self._trail, self._last)
 
-    def _trail(self) -> None:
+    def _trail(self, last_when_scheduled: float) -> None:
         with self._lock:
             self._trailing = None
-            now = time.monotonic()
-            if now - self._last < self.interval:
+            if self._last != last_when_scheduled:
                 return  # an enqueue committed since carried one
-            self._last = now
+            self._last = time.monotonic()
             self.sent += 1
         try:
             self.store.write(lambda tx: tx.execute(f"NOTIFY {CHANNEL}"))
@@ -96,9 +98,9 @@ class Notifier:
 
     def cancel(self) -> None:
         with self._lock:
-            timer, self._trailing = self._trailing, None
-        if timer is not None:
-            timer.cancel()
+            trailing, self._trailing = self._trailing, None
+        if trailing is not None:
+            trailing.kill(block=False)
 
 
 class Listener:
