@@ -306,6 +306,7 @@ class PostgresStore:
         """Stop the listener and close the pool's connections (same process only)."""
         if os.getpid() != self._pid:
             return
+        self.notifier.cancel()
         if self._listener is not None:
             self._listener.stop()
             self._listener = None
