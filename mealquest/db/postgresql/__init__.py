@@ -1,0 +1,1 @@
+"""The PostgreSQL driver: its store, its SQL and its migrations."""

@@ -1,0 +1,183 @@
+"""Schema migrations on PostgreSQL: `migrations/postgresql/NNNN_name.sql`, each applied once.
+
+The same ledger as on SQLite (`schema_migrations`: version, name, checksum,
+time), the same file names, and the same refusal of an applied file whose
+checksum changed. Each file runs whole in one transaction (PostgreSQL's DDL
+is transactional, so a failing file leaves nothing behind), under a
+transaction-level advisory lock: two `flask db upgrade` at once take turns,
+and the second finds the work done.
+
+This runs in the foreground (Flask CLI, before gunicorn starts), on a plain
+connection that may wait for the lock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mealquest.clock import to_text
+from mealquest.migrations import (
+    MIGRATIONS_DIR,
+    DatabaseNotMigrated,
+    Migration,
+    MigrationError,
+    MigrationState,
+    _check_checksums,
+    discover,
+)
+from mealquest.store import StoreUnavailable
+
+if TYPE_CHECKING:
+    import psycopg
+
+POSTGRESQL_MIGRATIONS_DIR = MIGRATIONS_DIR / "postgresql"
+# One key for every migration run against a database ("mealques" as a bigint).
+LOCK_KEY = int.from_bytes(b"mealques", "big")
+_CONNECT_TIMEOUT_SECONDS = 10
+
+_LEDGER = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
+    """A plain autocommit connection; an unreachable server is `StoreUnavailable`
+    (whose text, unlike the driver's, names neither the host nor the password)."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    try:
+        return psycopg.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            connect_timeout=_CONNECT_TIMEOUT_SECONDS,
+            application_name="mealquest-migrate",
+        )
+    except psycopg.OperationalError:
+        raise StoreUnavailable("the PostgreSQL server could not be reached") from None
+    except psycopg.Error:
+        raise StoreUnavailable("the PostgreSQL URL is not valid") from None
+
+
+def _applied(conn: psycopg.Connection[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL AS e").fetchone()
+    if not exists or not exists["e"]:
+        return {}
+    rows = conn.execute("SELECT version, name, checksum, applied_at FROM schema_migrations")
+    return {row["version"]: row for row in rows}
+
+
+def status_of(
+    conn: psycopg.Connection[dict[str, Any]], migrations: list[Migration] | None = None
+) -> list[MigrationState]:
+    """Every known migration with when it was applied; refuses changed applied files.
+
+    Takes a connection so that a serving process can run it as a store read.
+    """
+    migrations = discover(POSTGRESQL_MIGRATIONS_DIR) if migrations is None else migrations
+    applied = _applied(conn)
+    _check_checksums(migrations, applied)
+    return [
+        MigrationState(
+            m, to_text(applied[m.version]["applied_at"]) if m.version in applied else None
+        )
+        for m in migrations
+    ]
+
+
+def status(url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR) -> list[MigrationState]:
+    known = discover(directory)
+    with connect(url) as conn:
+        return status_of(conn, known)
+
+
+def require_current_of(
+    conn: psycopg.Connection[dict[str, Any]], migrations: list[Migration] | None = None
+) -> None:
+    """Raise DatabaseNotMigrated unless every migration is applied."""
+    if any(not state.applied for state in status_of(conn, migrations)):
+        raise DatabaseNotMigrated(DatabaseNotMigrated.__doc__)
+
+
+def require_current(url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR) -> None:
+    known = discover(directory)
+    with connect(url) as conn:
+        require_current_of(conn, known)
+
+
+def upgrade(
+    url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR, *, target: int | None = None
+) -> list[Migration]:
+    """Apply pending migrations (up to `target`), each in its own transaction."""
+    migrations = discover(directory)
+    with connect(url) as conn:
+        _locked(conn, lambda: conn.execute(_LEDGER))
+        _check_checksums(migrations, _applied(conn))
+        done = []
+        for migration in migrations:
+            if target is not None and migration.version > target:
+                break
+            if _apply(conn, migration):
+                done.append(migration)
+        return done
+
+
+def _locked(conn: psycopg.Connection[Any], work: Any) -> None:
+    """Run `work()` in one transaction holding the migrations' advisory lock."""
+    import psycopg
+
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+        work()
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.closed:
+            try:
+                conn.execute("ROLLBACK")
+            except psycopg.Error:
+                conn.close()
+        raise
+
+
+def _apply(conn: psycopg.Connection[dict[str, Any]], migration: Migration) -> bool:
+    """Apply one migration; False if it was applied already (maybe by another process)."""
+    import psycopg
+
+    sql = migration.path.read_text(encoding="utf-8")
+    applied = False
+
+    def apply() -> None:
+        nonlocal applied
+        # Read again under the lock: another upgrade may have applied it.
+        row = conn.execute(
+            "SELECT name, checksum FROM schema_migrations WHERE version = %s",
+            (migration.version,),
+        ).fetchone()
+        if row is not None:
+            _check_checksums([migration], {migration.version: row})
+            return
+        # The whole file at once (no parameters: several statements are allowed).
+        conn.execute(sql.encode("utf-8"))
+        conn.execute(
+            "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+            (migration.version, migration.name, migration.checksum),
+        )
+        applied = True
+
+    try:
+        _locked(conn, apply)
+    except psycopg.Error as error:
+        applied = False
+        raise MigrationError(
+            f"migration {migration.path.name} failed and was rolled back: "
+            f"{error.diag.message_primary or type(error).__name__}"
+        ) from None
+    return applied

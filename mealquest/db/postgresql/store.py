@@ -1,0 +1,344 @@
+"""The PostgreSQL store: the SQLite `Store`'s surface over a pool of psycopg connections.
+
+* `write(fn, ...)` runs `fn(tx, ...)` as one transaction on a connection of
+  its own from the pool; `read(fn, ...)` runs `fn(conn, ...)` on one too
+  (autocommit: each statement sees the latest commits). A connection is
+  never used by two greenlets at once.
+* Every wait has the store's deadline: the pool's wait for a connection,
+  the connect (`connect_timeout`), each statement (`statement_timeout`, so
+  the server cancels a slow one and the connection stays usable), and a
+  backstop timer for a server that stopped answering at all (the
+  connection is then closed, its state being unknown). A server that is
+  down, restarting or too slow is `StoreUnavailable`, never a hung worker.
+* The pool is opened lazily, by the first call in the process that makes
+  it, and refuses use after a `fork`, as the SQLite store does.
+* psycopg is imported only then, not with this module: it fixes at import
+  whether its waits yield to gevent (see `waiting`).
+
+Error texts of the driver quote the host and sometimes the statement, so
+none reaches a `StoreUnavailable` or a log line below ERROR (`driver_logs`);
+the URL and its password never appear in an error or a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from urllib.parse import urlsplit
+
+import gevent
+from gevent import monkey
+
+from mealquest.db.postgresql.driver_logs import quiet_driver_logs
+from mealquest.db.postgresql.notify import Listener, Notifier
+from mealquest.db.postgresql.waiting import require_cooperative_psycopg
+from mealquest.store import StoreError, StoreUnavailable, StoreUsedAcrossFork
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+SCHEMES = ("postgresql", "postgres")
+# How long past its deadline a call may wait on a server that answers nothing
+# before the connection is given up: the server's own statement_timeout
+# normally ends a slow statement first, leaving the connection usable.
+_BACKSTOP_GRACE_SECONDS = 1.0
+# With LISTEN off, how often `data_version` changes (each change costs the
+# caller one look for a due job).
+_POLL_ONLY_VERSION_SECONDS = 0.1
+# SQLSTATE classes that mean the database, not the statement, failed:
+# connection (08), resources such as a full disk (53), operator intervention
+# such as a shutdown or a cancelled statement (57), and a serialization
+# failure or deadlock (40): the transaction may succeed if tried again.
+_UNAVAILABLE_CLASSES = ("08", "40", "53", "57", "58")
+# A standby after a failover: writes are refused until the new primary is reached.
+_READ_ONLY_TRANSACTION = "25006"
+
+
+def is_postgres_url(url: str) -> bool:
+    return urlsplit(url).scheme in SCHEMES
+
+
+class Executes(Protocol):
+    """A connection or a transaction: anything a read runs on."""
+
+    def execute(self, sql: Any, params: Any = ...) -> Any: ...
+
+
+class PostgresTransaction:
+    """An open write transaction on one pooled connection.
+
+    Callbacks given to `after_commit` run in the calling greenlet once the
+    transaction has committed (the pool's wake event is signalled there).
+    """
+
+    def __init__(self, conn: psycopg.Connection[dict[str, Any]], store: PostgresStore) -> None:
+        self.conn = conn
+        self.store = store
+        self.after_commit_callbacks: list[Callable[[], None]] = []
+
+    def execute(self, sql: str, params: Any = None) -> psycopg.Cursor[dict[str, Any]]:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> psycopg.Cursor[dict[str, Any]]:
+        cursor = self.conn.cursor()
+        cursor.executemany(sql, rows)
+        return cursor
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.after_commit_callbacks.append(callback)
+
+
+class PostgresStore:
+    """One process's access to a PostgreSQL database: a lazily opened pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout_seconds: float = 5.0,
+        pool_size: int = 10,
+        listen: bool = True,
+    ) -> None:
+        if not is_postgres_url(url):
+            raise StoreError("not a postgresql:// URL")
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        if busy_timeout_seconds <= 0:
+            raise ValueError("busy_timeout_seconds must be positive")
+        self.url = url
+        self.busy_timeout_seconds = float(busy_timeout_seconds)
+        self.pool_size = int(pool_size)
+        self.listen = listen
+        self.notifier = Notifier(self)
+        quiet_driver_logs()
+        self._pid = os.getpid()
+        self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
+        # Whether psycopg's waits yield to gevent here (set when the pool opens).
+        self._cooperative = False
+        self._listener: Listener | None = None
+
+    def __repr__(self) -> str:
+        # Never the URL: it holds the password.
+        return f"<PostgresStore pool_size={self.pool_size} listen={self.listen}>"
+
+    # -- connections ------------------------------------------------------------
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """psycopg.connect's arguments for this store's connections (the pool's and
+        the listener's): the deadline's connect timeout and TCP keepalives."""
+        from psycopg.rows import dict_row
+
+        busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
+        return {
+            "autocommit": True,
+            "row_factory": dict_row,
+            # libpq counts whole seconds and waits at least 2.
+            "connect_timeout": max(2, math.ceil(self.busy_timeout_seconds)),
+            # A peer that vanished (host down, network cut) is noticed by TCP.
+            "keepalives": 1,
+            "keepalives_idle": 5,
+            "keepalives_interval": 2,
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(busy_ms, 1000),
+            "application_name": "mealquest",
+        }
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # Set once per connection (not as a startup option, which PgBouncer refuses).
+        busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
+        conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{busy_ms}ms",))
+
+    def _open_pool(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
+        self._check_process()
+        if self._pool is not None:
+            return self._pool
+        if monkey.is_module_patched("select"):
+            # A gevent process must not import psycopg before patching; see `waiting`.
+            require_cooperative_psycopg()
+            self._cooperative = True
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+        from psycopg_pool import ConnectionPool
+
+        try:
+            conninfo_to_dict(self.url)
+        except psycopg.Error:
+            # libpq's message quotes the faulty part, which may be the password.
+            raise StoreError("the PostgreSQL URL is not valid") from None
+        pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
+            self.url,
+            kwargs=self.connect_kwargs(),
+            configure=self._configure,
+            # Connections are made when needed, up to pool_size, and closed
+            # after 10 idle minutes, so an idle process holds none for long.
+            min_size=0,
+            max_size=self.pool_size,
+            timeout=self.busy_timeout_seconds,
+            # After an outage, give up retrying a lost connection soon: the
+            # next caller then connects at once instead of after a backoff.
+            reconnect_timeout=max(2.0, self.busy_timeout_seconds),
+            name="mealquest",
+            open=False,
+        )
+        pool.open(wait=False)
+        self._pool = pool
+        return pool
+
+    # -- transactions -----------------------------------------------------------
+
+    def write(
+        self,
+        fn: Callable[Concatenate[PostgresTransaction, P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run `fn(tx, ...)` as one transaction: committed if it returns, rolled back if
+        it raises."""
+
+        def transaction(conn: psycopg.Connection[dict[str, Any]]) -> tuple[T, list]:
+            from psycopg.pq import TransactionStatus
+
+            tx = PostgresTransaction(conn, self)
+            conn.execute("BEGIN")
+            result = fn(tx, *args, **kwargs)
+            if conn.info.transaction_status == TransactionStatus.INERROR:
+                # `fn` caught a failed statement: COMMIT would silently roll back.
+                raise StoreError("a statement failed inside the transaction; it was rolled back")
+            conn.execute("COMMIT")
+            return result, tx.after_commit_callbacks
+
+        result, callbacks = self._with_connection(transaction)
+        for callback in callbacks:
+            callback()
+        return result
+
+    def read(
+        self,
+        fn: Callable[Concatenate[psycopg.Connection[dict[str, Any]], P], T],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Run the read `fn(conn, ...)` on a pooled connection (autocommit)."""
+        return self._with_connection(lambda conn: fn(conn, *args, **kwargs))
+
+    def _with_connection(self, work: Callable[[psycopg.Connection[dict[str, Any]]], T]) -> T:
+        pool = self._open_pool()
+        import psycopg
+
+        deadline = time.monotonic() + self.busy_timeout_seconds
+        try:
+            # The pool's own timeout ends this wait (connecting happens in its workers).
+            conn = pool.getconn(timeout=self.busy_timeout_seconds)
+            try:
+                return self._work_on(conn, work, deadline)
+            finally:
+                pool.putconn(conn)
+        except psycopg.Error as error:
+            if is_unavailable(error):
+                raise StoreUnavailable(StoreUnavailable.__doc__) from None
+            raise
+
+    def _work_on(
+        self,
+        conn: psycopg.Connection[dict[str, Any]],
+        work: Callable[[psycopg.Connection[dict[str, Any]]], T],
+        deadline: float,
+    ) -> T:
+        # Where psycopg yields to the hub, a timer also covers a server that
+        # stopped answering, which no statement_timeout can end. Elsewhere
+        # nothing could interrupt the wait, and the server's timeouts bound it.
+        backstop = None
+        if self._cooperative:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            backstop = gevent.Timeout(remaining + _BACKSTOP_GRACE_SECONDS)
+            backstop.start()
+        try:
+            return work(conn)
+        except gevent.Timeout as timeout:
+            if timeout is not backstop:
+                _settle(conn)
+                raise
+            # The connection's state is unknown: the pool replaces it.
+            conn.close()
+            raise StoreUnavailable(StoreUnavailable.__doc__) from None
+        except BaseException:
+            _settle(conn)
+            raise
+        finally:
+            if backstop is not None:
+                backstop.close()
+
+    # -- change detection -------------------------------------------------------
+
+    def data_version(self) -> int:
+        """A number that changes when another process may have enqueued a job.
+
+        With LISTEN on, the count of notifications this process's listener
+        received (plus its reconnects, after which some may have been
+        missed). With it off, a number that changes every
+        `_POLL_ONLY_VERSION_SECONDS`: the caller then looks for a due job.
+        """
+        self._check_process()
+        if not self.listen:
+            return int(time.monotonic() / _POLL_ONLY_VERSION_SECONDS)
+        if self._listener is None:
+            self._listener = Listener(self)
+            self._listener.start()
+        return self._listener.count
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise StoreUsedAcrossFork(StoreUsedAcrossFork.__doc__)
+
+    def close(self) -> None:
+        """Stop the listener and close the pool's connections (same process only)."""
+        if os.getpid() != self._pid:
+            return
+        self.notifier.cancel()
+        if self._listener is not None:
+            self._listener.stop()
+            self._listener = None
+        if self._pool is not None:
+            self._pool.close(timeout=self.busy_timeout_seconds)
+            self._pool = None
+
+
+def is_unavailable(error: Exception) -> bool:
+    """Whether a psycopg error means the database (not the statement) failed."""
+    import psycopg
+    from psycopg_pool import PoolTimeout, TooManyRequests
+
+    if isinstance(error, (PoolTimeout, TooManyRequests)):
+        return True
+    sqlstate = getattr(error, "sqlstate", None)
+    if sqlstate:
+        return sqlstate[:2] in _UNAVAILABLE_CLASSES or sqlstate == _READ_ONLY_TRANSACTION
+    # No SQLSTATE: the client's own failure to reach or hear the server.
+    return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))
+
+
+def _settle(conn: psycopg.Connection[Any]) -> None:
+    """Leave a connection whose transaction failed idle, or closed for the pool to replace."""
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    status = conn.info.transaction_status
+    if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            conn.close()
+    elif status == TransactionStatus.ACTIVE:
+        conn.close()

@@ -1,0 +1,147 @@
+"""PostgreSQL migrations: the ledger, checksums, whole-file transactions, concurrent upgrades."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import psycopg
+import pytest
+
+from mealquest.db.postgresql import migrate
+from mealquest.migrations import DatabaseNotMigrated, MigrationError
+from mealquest.store import StoreUnavailable
+from tests.conftest import wait_for
+from tests.support.postgres import fresh_database, require_postgres_url
+from tests.support.servers import free_port
+
+
+@pytest.fixture
+def empty_url():
+    with fresh_database(require_postgres_url()) as url:
+        yield url
+
+
+@pytest.fixture
+def directory(tmp_path):
+    """A copy of the real migrations that a test may add to or edit."""
+    copy = tmp_path / "migrations"
+    shutil.copytree(migrate.POSTGRESQL_MIGRATIONS_DIR, copy)
+    return copy
+
+
+def tables(url):
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        return {row[0] for row in rows}
+
+
+def ledger(url):
+    with psycopg.connect(url) as conn:
+        return [row[0] for row in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+
+
+def test_a_fresh_database_is_migrated_once(empty_url):
+    known = migrate.discover(migrate.POSTGRESQL_MIGRATIONS_DIR)
+
+    applied = migrate.upgrade(empty_url)
+
+    assert applied == known
+    assert {"households", "api_tokens", "jobs", "recipes", "schema_migrations"} <= tables(empty_url)
+    states = migrate.status(empty_url)
+    assert all(state.applied for state in states)
+    assert all(state.applied_at.endswith("Z") for state in states)
+    migrate.require_current(empty_url)
+    assert migrate.upgrade(empty_url) == []
+
+
+def test_status_of_an_empty_database_lists_everything_pending_and_creates_nothing(empty_url):
+    states = migrate.status(empty_url)
+
+    assert states
+    assert not any(state.applied for state in states)
+    assert tables(empty_url) == set()
+    with pytest.raises(DatabaseNotMigrated):
+        migrate.require_current(empty_url)
+
+
+def test_upgrade_stops_at_the_target(empty_url, directory):
+    (directory / "0002_more.sql").write_text("CREATE TABLE more (id integer);\n")
+
+    assert [m.version for m in migrate.upgrade(empty_url, directory, target=1)] == [1]
+    assert "more" not in tables(empty_url)
+    with pytest.raises(DatabaseNotMigrated):
+        migrate.require_current(empty_url, directory)
+    assert [m.version for m in migrate.upgrade(empty_url, directory)] == [2]
+
+
+def test_an_applied_file_that_changed_is_refused(empty_url, directory):
+    migrate.upgrade(empty_url, directory)
+    init = directory / "0001_init.sql"
+    init.write_text(init.read_text() + "\n-- edited after it was applied\n")
+
+    for look in (migrate.status, migrate.upgrade, migrate.require_current):
+        with pytest.raises(MigrationError, match=r"0001_init\.sql was changed"):
+            look(empty_url, directory)
+
+
+def test_a_database_with_migrations_this_code_does_not_know_is_refused(empty_url, directory):
+    (directory / "0002_newer.sql").write_text("CREATE TABLE newer (id integer);\n")
+    migrate.upgrade(empty_url, directory)
+
+    with pytest.raises(MigrationError, match="0002_newer"):
+        migrate.status(empty_url)
+
+
+def test_a_failing_file_leaves_nothing_of_itself(empty_url, directory):
+    (directory / "0002_broken.sql").write_text(
+        "CREATE TABLE half (id integer);\nINSERT INTO half VALUES (1);\nSELECT 1 / 0;\n"
+    )
+
+    with pytest.raises(MigrationError, match=r"0002_broken\.sql failed.*division by zero"):
+        migrate.upgrade(empty_url, directory)
+
+    assert "half" not in tables(empty_url)
+    assert ledger(empty_url) == [1]
+
+
+def test_two_upgrades_at_once_take_turns_and_apply_each_file_once(empty_url, directory):
+    (directory / "0002_more.sql").write_text("CREATE TABLE more (id integer);\n")
+    outcomes: list[object] = []
+
+    def upgrade():
+        try:
+            outcomes.append([m.version for m in migrate.upgrade(empty_url, directory)])
+        except BaseException as error:
+            outcomes.append(error)
+
+    with psycopg.connect(empty_url, autocommit=True) as holder:
+        # Both upgrades are made to wait on the lock, then let go together.
+        holder.execute("SELECT pg_advisory_lock(%s)", (migrate.LOCK_KEY,))
+        threads = [threading.Thread(target=upgrade) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_for(
+            lambda: (
+                holder.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone()[0]
+                == 2
+            )
+        )
+        holder.execute("SELECT pg_advisory_unlock(%s)", (migrate.LOCK_KEY,))
+        for thread in threads:
+            thread.join(30)
+
+    assert not any(isinstance(outcome, BaseException) for outcome in outcomes), outcomes
+    assert sorted(version for done in outcomes for version in done) == [1, 2]
+    assert ledger(empty_url) == [1, 2]
+
+
+def test_an_unreachable_server_is_one_clear_error_without_the_url():
+    url = f"postgresql://mealquest:s3cret-pw@127.0.0.1:{free_port()}/mealquest"
+
+    for look in (migrate.status, migrate.upgrade, migrate.require_current):
+        with pytest.raises(StoreUnavailable) as raised:
+            look(url)
+        assert str(raised.value) == "the PostgreSQL server could not be reached"
