@@ -52,7 +52,7 @@ def _enqueue(db: str, household: int, n: int) -> None:
 
 
 def claim_rate_child(args: dict) -> dict:
-    from mealquest.jobs import queries
+    from mealquest.db.sqlite import jobs as queries
     from mealquest.store import Store
 
     db, n = args["db"], args["claims"]

@@ -13,8 +13,9 @@ from flask import Flask, current_app
 from flask.cli import AppGroup
 
 from mealquest import households, migrations
+from mealquest.db.driver import Store
 from mealquest.extensions import get_store
-from mealquest.store import Store, StoreError
+from mealquest.store import StoreError
 
 db_cli = AppGroup("db", help="Database migrations.")
 households_cli = AppGroup("households", help="Households.")
@@ -25,9 +26,11 @@ def _fail(error: Exception) -> click.ClickException:
     return click.ClickException(str(error))
 
 
-def _database_error(error: sqlite3.Error) -> click.ClickException:
-    path = current_app.config["DATABASE"]
-    return click.ClickException(f"cannot use the database {path}: {error}")
+def _database_error(error: Exception) -> click.ClickException:
+    """One line naming the setting that chose the database, and what went wrong."""
+    key = "DATABASE_URL" if current_app.config.get("DATABASE_URL") else "DATABASE"
+    where = get_store().describe()
+    return click.ClickException(f"MEALQUEST_{key}: cannot use the database {where}: {error}")
 
 
 def _migrated_store() -> Store:
@@ -36,9 +39,9 @@ def _migrated_store() -> Store:
     store = get_store()
     try:
         migrations.require_migrated(store)
-    except (migrations.MigrationError, StoreError) as error:
+    except migrations.MigrationError as error:
         raise _fail(error) from None
-    except sqlite3.Error as error:
+    except (sqlite3.Error, StoreError) as error:
         raise _database_error(error) from None
     return store
 
@@ -52,17 +55,17 @@ def _echo_unknown(ledger: migrations.Ledger) -> None:
 def db_upgrade() -> None:
     """Apply every pending migration."""
     try:
-        applied = migrations.upgrade(current_app.config["DATABASE"])
+        applied = get_store().upgrade()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except sqlite3.Error as error:
+    except (sqlite3.Error, StoreError) as error:
         raise _database_error(error) from None
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
     try:
-        ledger = migrations.status(current_app.config["DATABASE"])
-    except (migrations.MigrationError, sqlite3.Error):
+        ledger = get_store().migration_status()
+    except (migrations.MigrationError, sqlite3.Error, StoreError):
         return  # nothing more to say than what was applied
     _echo_unknown(ledger)
 
@@ -71,10 +74,10 @@ def db_upgrade() -> None:
 def db_status() -> None:
     """List applied and pending migrations; exits 1 while any is pending."""
     try:
-        ledger = migrations.status(current_app.config["DATABASE"])
+        ledger = get_store().migration_status()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except sqlite3.Error as error:
+    except (sqlite3.Error, StoreError) as error:
         raise _database_error(error) from None
     for state in ledger.states:
         when = f"applied {state.applied_at}" if state.applied else "pending"

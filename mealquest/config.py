@@ -11,8 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 DEFAULTS: dict[str, Any] = {
+    # The database: `sqlite:///relative/path`, `sqlite:////absolute/path` or
+    # `postgresql://user:password@host:port/db`; None uses the SQLite file DATABASE.
+    "DATABASE_URL": None,
     # SQLite file; None means `mealquest.sqlite3` in the instance folder.
     "DATABASE": None,
+    # PostgreSQL: connections each process's pool may open (plus one listener).
+    "PG_POOL_SIZE": 10,
+    # PostgreSQL: wake idle pools with LISTEN/NOTIFY (polling always runs); off
+    # behind PgBouncer in transaction mode, which cannot hold a LISTEN.
+    "PG_LISTEN": True,
     # PRAGMA synchronous for every connection: NORMAL (WAL: an OS crash or power
     # loss may lose the last commits, never corrupt) or FULL (every commit durable).
     "DB_SYNCHRONOUS": "NORMAL",

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from mealquest.db import DatabaseURLError, check_url
 from mealquest.recipes.addresses import AddressPolicy
 from mealquest.store import SYNCHRONOUS_MODES
 
@@ -40,6 +41,10 @@ class ConfigError(ValueError):
 
 class _Invalid(Exception):
     """Why a rule refuses a value ("must be ..."); `check_config` adds the key."""
+
+
+class _Secret(_Invalid):
+    """A refusal whose value is not shown: it may hold a password."""
 
 
 def _number(value: Any) -> float:
@@ -106,6 +111,19 @@ def file_path(value: Any) -> str | None:
     return value
 
 
+def database_url(value: Any) -> str | None:
+    # None (or empty): the SQLite file DATABASE names.
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _Secret("must be a sqlite:// or postgresql:// URL")
+    try:
+        check_url(value)
+    except DatabaseURLError as error:
+        raise _Secret(str(error)) from None
+    return value
+
+
 def networks(value: Any) -> Any:
     try:
         AddressPolicy.build(False, value)
@@ -125,6 +143,9 @@ def derived(rule: Rule) -> Rule:
 
 RULES: dict[str, Rule] = {
     "DATABASE": file_path,
+    "DATABASE_URL": database_url,
+    "PG_POOL_SIZE": whole(1),
+    "PG_LISTEN": flag,
     "DB_SYNCHRONOUS": one_of(*SYNCHRONOUS_MODES),
     "DB_BUSY_TIMEOUT_SECONDS": positive,
     "JOB_WORKERS": whole(1),
@@ -159,6 +180,8 @@ def check_config(config: MutableMapping[str, Any]) -> None:
     for key, rule in RULES.items():
         try:
             values[key] = rule(config.get(key))
+        except _Secret as invalid:
+            raise ConfigError(f"{ENV_PREFIX}{key}: {invalid}") from None
         except _Invalid as invalid:
             raise _error(key, str(invalid), config.get(key)) from None
     _derive(values, config)

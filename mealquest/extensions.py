@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
-from mealquest.store import Store
+from mealquest.db import open_store
+from mealquest.db.driver import Store
 
 if TYPE_CHECKING:
     from mealquest.jobs.service import JobService
@@ -17,11 +18,7 @@ JOBS_KEY = "mealquest.jobs"
 
 def init_store(app: Flask) -> Store:
     """Attach the store; it opens nothing until first used, in the process that uses it."""
-    store = Store(
-        app.config["DATABASE"],
-        synchronous=app.config["DB_SYNCHRONOUS"],
-        busy_timeout_seconds=app.config["DB_BUSY_TIMEOUT_SECONDS"],
-    )
+    store = open_store(app.config)
     app.extensions[STORE_KEY] = store
     return store
 

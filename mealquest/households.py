@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import sqlite3
 import unicodedata
 from dataclasses import dataclass
 
-from mealquest.clock import to_text, utc_now
-from mealquest.store import Store, Transaction
+from mealquest.db.driver import Store
 
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
 # Unicode control, format (e.g. bidi overrides), line and paragraph separators.
@@ -57,18 +55,6 @@ def _new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def _insert_token(tx: Transaction, household_id: int) -> IssuedToken:
-    token = _new_token()
-    try:
-        cursor = tx.execute(
-            "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?)",
-            (household_id, token_digest(token), to_text(utc_now())),
-        )
-    except sqlite3.IntegrityError:
-        raise UnknownHousehold(UnknownHousehold.__doc__) from None
-    return IssuedToken(household_id, int(cursor.lastrowid or 0), token)
-
-
 def create_household(store: Store, name: str) -> IssuedToken:
     """Create a household with its first token."""
     name = name.strip()
@@ -77,54 +63,32 @@ def create_household(store: Store, name: str) -> IssuedToken:
     if any(unicodedata.category(char) in _CONTROL for char in name):
         # A newline would forge lines of `flask households list` and of logs.
         raise HouseholdError("a household name has no control characters")
-
-    def insert(tx: Transaction) -> IssuedToken:
-        cursor = tx.execute(
-            "INSERT INTO households (name, created_at) VALUES (?, ?)",
-            (name, to_text(utc_now())),
-        )
-        return _insert_token(tx, int(cursor.lastrowid or 0))
-
-    return store.write(insert)
+    token = _new_token()
+    household_id, token_id = store.write(
+        store.households.create_household, name=name, token_sha256=token_digest(token)
+    )
+    return IssuedToken(household_id, token_id, token)
 
 
 def create_token(store: Store, household_id: int) -> IssuedToken:
-    return store.write(_insert_token, household_id)
+    token = _new_token()
+    token_id = store.write(
+        store.households.insert_token, household_id=household_id, token_sha256=token_digest(token)
+    )
+    return IssuedToken(household_id, token_id, token)
 
 
 def revoke_token(store: Store, token_id: int) -> None:
-    def revoke(tx: Transaction) -> None:
-        cursor = tx.execute(
-            "UPDATE api_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
-            (to_text(utc_now()), token_id),
-        )
-        if cursor.rowcount != 1:
-            raise UnknownToken(UnknownToken.__doc__)
-
-    store.write(revoke)
+    store.write(store.households.revoke_token, token_id)
 
 
 def list_households(store: Store) -> list[tuple[Household, int]]:
     """Every household with its number of live tokens."""
-    rows = store.read(
-        lambda conn: conn.execute(
-            "SELECT h.id, h.name, count(t.id) AS tokens FROM households h "
-            "LEFT JOIN api_tokens t ON t.household_id = h.id AND t.revoked_at IS NULL "
-            "GROUP BY h.id ORDER BY h.id"
-        ).fetchall()
-    )
-    return [(Household(row["id"], row["name"]), row["tokens"]) for row in rows]
+    return store.read(store.households.list_households)
 
 
 def household_for_token(store: Store, token: str) -> Household | None:
     """The household a live token belongs to, or None."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    row = store.read(
-        lambda conn: conn.execute(
-            "SELECT h.id, h.name FROM api_tokens t JOIN households h ON h.id = t.household_id "
-            "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
-            (token_digest(token),),
-        ).fetchone()
-    )
-    return Household(row["id"], row["name"]) if row else None
+    return store.read(store.households.household_for_token_digest, token_digest(token))

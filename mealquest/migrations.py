@@ -31,19 +31,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mealquest.clock import to_text, utc_now
-from mealquest.store import Store, connect
+from mealquest.store import connect
+
+if TYPE_CHECKING:
+    from mealquest.db.driver import Store
 
 logger = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_ROOT = Path(__file__).resolve().parent.parent / "migrations"
+# Each driver owns its migrations: these are SQLite's.
+MIGRATIONS_DIR = MIGRATIONS_ROOT / "sqlite"
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 _LEDGER = """
@@ -178,7 +183,7 @@ def status_of(conn: sqlite3.Connection, migrations: list[Migration] | None = Non
     """
     migrations = discover() if migrations is None else migrations
     applied = _applied(conn)
-    unknown = _check_ledger(migrations, applied)
+    unknown = check_ledger(migrations, applied)
     states = tuple(
         MigrationState(m, applied[m.version]["applied_at"] if m.version in applied else None)
         for m in migrations
@@ -243,7 +248,7 @@ def _known(directory: Path) -> list[Migration]:
     return discover(directory)
 
 
-def require_migrated(store: Store, directory: Path = MIGRATIONS_DIR) -> None:
+def require_migrated(store: Store, directory: Path | None = None) -> None:
     """Refuse a database behind this code's migrations (DatabaseNotMigrated,
     naming `flask db upgrade`) or with another history (MigrationError); let
     one ahead of it through, logging a WARNING that names what it does not know.
@@ -257,20 +262,21 @@ def require_migrated(store: Store, directory: Path = MIGRATIONS_DIR) -> None:
     through `store`, so it never waits on a lock on the hub; a missing file is
     refused without being created.
     """
-    key = (os.path.abspath(store.path), directory)
+    directory = store.migrations.MIGRATIONS_DIR if directory is None else directory
+    key = (store.describe(), directory)
     if key in _passed:
         return
     known = _known(directory)
-    if not os.path.exists(store.path):
+    if not store.exists():
         raise DatabaseNotMigrated(
-            f"the database {store.path} does not exist; run `flask db upgrade`",
+            f"the database {store.describe()} does not exist; run `flask db upgrade`",
             [m.path.name for m in known],
         )
     try:
-        unknown = store.read(require_current_of, known)
+        unknown = store.read(store.migrations.require_current_of, known)
     except DatabaseNotMigrated as error:
         raise DatabaseNotMigrated(
-            f"the database {store.path} is not migrated ({len(error.pending)} pending: "
+            f"the database {store.describe()} is not migrated ({len(error.pending)} pending: "
             f"{', '.join(error.pending)}); run `flask db upgrade`",
             error.pending,
         ) from None
@@ -278,13 +284,13 @@ def require_migrated(store: Store, directory: Path = MIGRATIONS_DIR) -> None:
         logger.warning(
             "the database %s has migrations this code does not know (%s): serving it "
             "(a newer release applied them; its migrations keep this release working)",
-            store.path,
+            store.describe(),
             ", ".join(unknown),
         )
     _passed.add(key)
 
 
-def _check_ledger(migrations: list[Migration], applied: dict[int, sqlite3.Row]) -> tuple[str, ...]:
+def check_ledger(migrations: list[Migration], applied: Mapping[int, Any]) -> tuple[str, ...]:
     """Refuse a changed applied file or a history this code does not share;
     return the applied migrations it does not know (all newer than its own)."""
     known = {m.version: m for m in migrations}
@@ -329,7 +335,7 @@ def upgrade(
         migrations = discover(directory)
         applied = _applied(conn)
         # A database ahead of this code has nothing pending for it.
-        _check_ledger(migrations, applied)
+        check_ledger(migrations, applied)
         done = []
         for migration in migrations:
             if migration.version in applied:
@@ -349,7 +355,7 @@ def _applied_meanwhile(conn: sqlite3.Connection, migration: Migration) -> bool:
     ).fetchone()
     if row is None:
         return False
-    _check_ledger([migration], {migration.version: row})
+    check_ledger([migration], {migration.version: row})
     return True
 
 

@@ -37,6 +37,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
+from functools import cached_property
+from types import ModuleType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import gevent
@@ -436,7 +438,10 @@ def _log_notice(message: str, error: BaseException) -> None:
 
 
 class Store:
-    """One process's access to the database: a writer thread and a reader connection."""
+    """One process's access to an SQLite database: a writer thread and a reader
+    connection. The SQLite driver's store (see `mealquest.db.driver.Store`)."""
+
+    name = "sqlite"
 
     def __init__(
         self, path: str, *, synchronous: str = "NORMAL", busy_timeout_seconds: float = 5.0
@@ -456,6 +461,48 @@ class Store:
         self._write_fault: StorageFault | None = None
         self._write_faults = _FaultLog("writes")
         self._read_faults = _FaultLog("reads")
+
+    # -- the driver's SQL, migrations and description -----------------------------
+
+    @cached_property
+    def jobs(self) -> ModuleType:
+        from mealquest.db.sqlite import jobs
+
+        return jobs
+
+    @cached_property
+    def households(self) -> ModuleType:
+        from mealquest.db.sqlite import households
+
+        return households
+
+    @cached_property
+    def recipes(self) -> ModuleType:
+        from mealquest.db.sqlite import recipes
+
+        return recipes
+
+    @cached_property
+    def migrations(self) -> ModuleType:
+        from mealquest import migrations
+
+        return migrations
+
+    def describe(self) -> str:
+        """The database as messages name it."""
+        return self.path
+
+    def exists(self) -> bool:
+        """Whether there is a database to read (looking never creates the file)."""
+        return os.path.exists(self.path)
+
+    def upgrade(self, target: int | None = None) -> list[Any]:
+        """Apply pending migrations (the foreground's job: it may wait on locks)."""
+        return self.migrations.upgrade(self.path, self.migrations.MIGRATIONS_DIR, target=target)
+
+    def migration_status(self) -> Any:
+        """The ledger as this code sees it (`migrations.Ledger`)."""
+        return self.migrations.status(self.path, self.migrations.MIGRATIONS_DIR)
 
     @property
     def broken(self) -> bool:

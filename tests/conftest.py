@@ -1,4 +1,10 @@
-"""Fixtures: a real SQLite file in a temp dir, migrated by the real migrations."""
+"""Fixtures: a real database, migrated by the real migrations: an SQLite file in a
+temp dir, and, for the modules marked `both_databases`, a fresh database on the
+private PostgreSQL server the test command starts as well.
+
+A test runs on both databases when its module is marked `both_databases`,
+unless it is marked `sqlite_only` or reads the SQLite file itself (`db_path`).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from mealquest.jobs.service import JobService
 from mealquest.store import Store
 from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
+from tests.support.postgres import fresh_database, require_postgres_url
 from tests.support.sqlite_lock import LockHolder
 
 # Short times so tests wait on conditions for fractions of a second.
@@ -42,11 +49,42 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         gevent.sleep(interval)
 
 
+DATABASES = ("sqlite", "postgresql")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_databases: run on SQLite and on PostgreSQL")
+    config.addinivalue_line("markers", "sqlite_only: a test of SQLite itself, in such a module")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "database" not in metafunc.fixturenames:
+        return
+    node = metafunc.definition
+    both = (
+        node.get_closest_marker("both_databases") is not None
+        and node.get_closest_marker("sqlite_only") is None
+        and "db_path" not in metafunc.fixturenames
+    )
+    metafunc.parametrize("database", DATABASES if both else DATABASES[:1], indirect=True)
+
+
 @pytest.fixture
-def db_path(tmp_path: Path) -> str:
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The test's migrated database, as the app's configuration names it."""
+    if request.param == "postgresql":
+        with fresh_database(require_postgres_url(), migrated=True) as url:
+            yield {"DATABASE_URL": url}
+        return
     path = str(tmp_path / "mealquest.sqlite3")
     migrations.upgrade(path)
-    return path
+    yield {"DATABASE": path}
+
+
+@pytest.fixture
+def db_path(database: dict[str, Any]) -> str:
+    """The SQLite file of a test that reads it itself (such a test runs on SQLite only)."""
+    return database["DATABASE"]
 
 
 @pytest.fixture
@@ -70,12 +108,12 @@ def gates() -> Iterator[Gates]:
 
 
 @pytest.fixture
-def make_app(db_path: str) -> Iterator[Callable[..., Flask]]:
+def make_app(database: dict[str, Any]) -> Iterator[Callable[..., Flask]]:
     """Builds apps on the test database; stops their pools and closes their stores after."""
     apps: list[Flask] = []
 
     def make(**config: Any) -> Flask:
-        app = create_app({"TESTING": True, "DATABASE": db_path, **FAST_POOL, **config})
+        app = create_app({"TESTING": True, **database, **FAST_POOL, **config})
         register_test_kinds(get_jobs(app).registry)
         apps.append(app)
         return app

@@ -207,7 +207,7 @@ def test_db_commands_on_a_file_that_is_not_a_database_fail_clearly(make_app, tmp
     for command in (["db", "status"], ["db", "upgrade"], ["households", "list"]):
         result = runner.invoke(args=command)
         assert result.exit_code == 1, command
-        assert f"Error: cannot use the database {path}" in result.output
+        assert f"Error: MEALQUEST_DATABASE: cannot use the database {path}" in result.output
         assert "not a database" in result.output
 
 

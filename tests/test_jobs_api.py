@@ -7,6 +7,8 @@ import pytest
 from mealquest.jobs.model import Status
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.both_databases
+
 
 def test_get_answers_exactly_the_five_fields(client, auth, jobs, household):
     job_id = jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)

@@ -34,8 +34,8 @@ import schemathesis
 from schemathesis.engine import Status as RunStatus
 from schemathesis.engine import events, from_schema
 
+from mealquest.db.sqlite import recipes as queries
 from mealquest.jobs.model import Status
-from mealquest.recipes import queries
 from mealquest.recipes.parse import ParsedRecipe
 from tests.conftest import wait_for
 

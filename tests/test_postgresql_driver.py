@@ -22,11 +22,12 @@ from mealquest.households import UnknownHousehold, UnknownToken
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
+    Attempt,
     Lease,
     OnInterrupt,
+    Recovered,
     Status,
 )
-from mealquest.jobs.queries import Attempt, Recovered
 from mealquest.recipes.parse import ParsedRecipe
 from tests.support.postgres import fresh_database, require_postgres_url
 

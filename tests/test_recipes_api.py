@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from mealquest.db.sqlite import recipes as queries
 from mealquest.extensions import get_jobs, get_store
-from mealquest.recipes import queries
 from mealquest.recipes.parse import ParsedRecipe
 
 URL = "https://recipes.example/soup"

@@ -13,14 +13,16 @@ from marshmallow import Schema, ValidationError, fields
 
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs import queries
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
 from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import OnInterrupt, Status
+from mealquest.jobs.model import Lease, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import Pool, PoolSettings
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.kinds import SECRET, ValueSchema, succeed
+
+pytestmark = pytest.mark.both_databases
 
 TEST_KINDS = ("succeed", "flaky", "sleep", "sleep_retried", "publish_then_finish")
 
@@ -28,7 +30,7 @@ TEST_KINDS = ("succeed", "flaky", "sleep", "sleep_retried", "publish_then_finish
 def claim(store, *, owner: str, limit: int, lease_seconds: float = 30.0, now=None):
     """A claim as another process with the test kinds would make it (at `now`)."""
     return store.write(
-        queries.claim,
+        store.jobs.claim,
         owner=owner,
         lease_seconds=lease_seconds,
         limit=limit,
@@ -43,11 +45,8 @@ def final(jobs, job_id: str):
 
 
 def raw_row(store, job_id: str) -> dict:
-    return dict(
-        store.read(
-            lambda conn: conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        )
-    )
+    [row] = sql.rows(store, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+    return row
 
 
 @pytest.fixture
@@ -132,7 +131,7 @@ def test_other_errors_are_stored_as_internal_error_and_the_secret_stays_out(
     job = wait_for(lambda: final(jobs, job_id))
     assert job.error == "internal error"
     row = raw_row(store, job_id)
-    assert SECRET not in json.dumps({k: v for k, v in row.items() if k != "payload"})
+    assert SECRET not in json.dumps({k: v for k, v in row.items() if k != "payload"}, default=str)
     answer = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
     assert answer.json == {
         "id": job_id,
@@ -169,7 +168,7 @@ def test_a_kind_this_process_has_no_handler_for_stays_queued_and_is_reported(
     job_id = "f" * 32
 
     def insert(tx):
-        queries.insert_job(
+        store.jobs.insert_job(
             tx,
             job_id=job_id,
             household_id=household.household_id,
@@ -197,10 +196,8 @@ def test_a_kind_this_process_has_no_handler_for_stays_queued_and_is_reported(
 
 def test_a_payload_that_no_longer_loads_is_an_internal_error(jobs, store, household):
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-    store.write(
-        lambda tx: tx.execute(
-            "UPDATE jobs SET payload = ? WHERE id = ?", ('{"value": 1, "renamed": true}', job_id)
-        )
+    sql.execute(
+        store, "UPDATE jobs SET payload = ? WHERE id = ?", ('{"value": 1, "renamed": true}', job_id)
     )
     jobs.start_pool()
     job = wait_for(lambda: final(jobs, job_id))
@@ -220,30 +217,30 @@ def test_enqueue_validates_the_payload_and_stores_nothing_when_bad(jobs, store, 
     assert set(caught.value.messages) == {"value", "extra"}
     with pytest.raises(UnknownKind):
         jobs.enqueue("no_such_kind", {}, household_id=household.household_id)
-    assert store.read(lambda conn: conn.execute("SELECT count(*) FROM jobs").fetchone()[0]) == 0
+    assert sql.scalar(store, "SELECT count(*) FROM jobs") == 0
 
 
 def test_enqueue_joins_the_callers_transaction(jobs, store, household):
     class Boom(Exception):
         pass
 
+    rename = sql.dialect(store, "UPDATE households SET name = 'renamed' WHERE id = ?")
+
     def domain_write_then_fail(tx):
-        tx.execute("UPDATE households SET name = 'renamed' WHERE id = ?", (household.household_id,))
+        tx.execute(rename, (household.household_id,))
         jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id, tx=tx)
         raise Boom
 
     with pytest.raises(Boom):
         store.write(domain_write_then_fail)
-    counts = store.read(
-        lambda conn: (
-            conn.execute("SELECT count(*) FROM jobs").fetchone()[0],
-            conn.execute("SELECT name FROM households").fetchone()[0],
-        )
+    counts = (
+        sql.scalar(store, "SELECT count(*) FROM jobs"),
+        sql.scalar(store, "SELECT name FROM households"),
     )
     assert counts == (0, "The Smiths")
 
     def domain_write_and_enqueue(tx):
-        tx.execute("UPDATE households SET name = 'renamed' WHERE id = ?", (household.household_id,))
+        tx.execute(rename, (household.household_id,))
         return jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, tx=tx)
 
     job_id = store.write(domain_write_and_enqueue)
@@ -304,12 +301,12 @@ def test_attempts_exhausted_fails_with_internal_error(jobs, household):
 
 def test_a_retry_waits_for_its_backoff(jobs, store, household):
     job_id = jobs.enqueue("flaky", {"fail_times": 1}, household_id=household.household_id)
-    lease = queries.Lease(job_id, "test-owner", 1)
+    lease = Lease(job_id, "test-owner", 1)
     now = utc_now()
 
     claimed = claim(store, owner="test-owner", limit=10)
     assert [job.id for job in claimed] == [job_id]
-    assert store.write(queries.transition, lease, to=Status.QUEUED, delay_seconds=3600)
+    assert store.write(store.jobs.transition, lease, to=Status.QUEUED, delay_seconds=3600)
     job = jobs.get(job_id)
     assert (job.status, job.result, job.lease_owner) == (Status.QUEUED, None, None)
     assert (
@@ -378,23 +375,23 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     claimed = claim(store, owner="dead-worker", limit=10, now=now)
     assert {job.id for job in claimed} == {once, retried}
     rescuer = Rescuer(store)
-    assert rescuer.run_once(now + timedelta(seconds=29)) == queries.Recovered()
+    assert rescuer.run_once(now + timedelta(seconds=29)) == Recovered()
     recovered = rescuer.run_once(now + timedelta(seconds=31))
-    assert recovered == queries.Recovered(requeued=(retried,), failed=(once,))
+    assert recovered == Recovered(requeued=(retried,), failed=(once,))
     assert (jobs.get(once).status, jobs.get(once).error) == (
         Status.FAILED,
         "interrupted by restart",
     )
     assert (jobs.get(retried).status, jobs.get(retried).attempt) == (Status.QUEUED, 0)
-    stale = queries.Lease(once, "dead-worker", 1)
+    stale = Lease(once, "dead-worker", 1)
     for to, values in (
         (Status.SUCCEEDED, {"result": "{}"}),
         (Status.FAILED, {"error": "x"}),
         (Status.QUEUED, {}),
     ):
-        assert not store.write(queries.transition, stale, to=to, **values)
-    assert not store.write(queries.publish, stale, result="{}")
-    assert store.write(queries.renew_leases, [stale], lease_seconds=30) == set()
+        assert not store.write(store.jobs.transition, stale, to=to, **values)
+    assert not store.write(store.jobs.publish, stale, result="{}")
+    assert store.write(store.jobs.renew_leases, [stale], lease_seconds=30) == set()
     assert jobs.get(once).error == "interrupted by restart"
 
 
@@ -407,7 +404,7 @@ def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(
     pool = jobs.start_pool()
     wait_for(lambda: gates.arrivals("g") == 1)
     # Another process's rescuer takes the job back (its view: the lease expired).
-    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
+    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.failed == (job_id,)
     # The heartbeat finds the lease gone and stops the handler before the gate opens.
     wait_for(lambda: pool.active_jobs() == [])
@@ -428,7 +425,7 @@ def test_heartbeat_renews_leases_of_running_jobs(make_app, household, gates):
     # Renewed past the end of its first 1 s lease, and never rescued meanwhile.
     beyond = to_text(first + timedelta(seconds=1))
     wait_for(lambda: jobs.get(job_id).lease_expires_at > beyond)
-    assert Rescuer(get_store(app)).run_once() == queries.Recovered()
+    assert Rescuer(get_store(app)).run_once() == Recovered()
     gates.open("g")
     job = wait_for(lambda: final(jobs, job_id))
     assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
@@ -468,7 +465,7 @@ def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household, gate
 
     def renewed_past_two_leases() -> bool:
         # Another process's rescuer keeps looking while the stopping pool waits.
-        assert rescuer.run_once() == queries.Recovered()
+        assert rescuer.run_once() == Recovered()
         return jobs.get(job_id).lease_expires_at > beyond
 
     wait_for(renewed_past_two_leases, interval=0.05)
@@ -501,7 +498,7 @@ def test_a_rescued_job_keeps_its_place_in_the_queue(jobs, store, household):
     rescued = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
     claim(store, owner="dead", limit=1, lease_seconds=0)
     later = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
-    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(seconds=1))
+    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(seconds=1))
     assert recovered.requeued == (rescued,)
     claimed = claim(store, owner="a", limit=1)
     # Its attempt was refunded: the process died, not the job.

@@ -25,15 +25,17 @@ from marshmallow import Schema, fields
 from mealquest import migrations
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs
-from mealquest.jobs import queries
 from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import MAX_INTERRUPTIONS, OnInterrupt, Status
+from mealquest.jobs.model import MAX_INTERRUPTIONS, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import Backoff, KindOptions
 from mealquest.jobs.runner import JobContext
 from mealquest.jobs.service import JobService
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.kinds import EmptySchema, ValueSchema
 from tests.test_store import Fatal, checkpoint_soon, sabotage_checkpoint
+
+pytestmark = pytest.mark.both_databases
 
 QUICK_RETRY = Backoff(base_seconds=0.01, factor=1.0, max_seconds=0.01, jitter=0.0)
 
@@ -266,7 +268,7 @@ def test_a_process_never_rescues_its_own_live_handlers_job(hostile, household, l
     job_id = enqueue(jobs, "held", household, gate="g")
     pool = jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
-    assert pool.rescue_once(utc_now() + timedelta(hours=1)) == queries.Recovered()
+    assert pool.rescue_once(utc_now() + timedelta(hours=1)) == Recovered()
     latches.open("g")
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert job.attempt == 1
@@ -281,7 +283,7 @@ def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
     jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
     # Another process, whose clock runs an hour ahead, takes the job back.
-    recovered = store.write(queries.rescue_expired, now=utc_now() + timedelta(hours=1))
+    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
     assert recovered.requeued == (job_id,)
     wait_for(lambda: len(latches.seen("start", "g")) == 2)
     first_stop = latches.log.index(("stopped by LeaseLost", "g", 1))
@@ -318,7 +320,7 @@ def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_exp
 
 def claim_all(store, owner: str, now) -> list:
     return store.write(
-        queries.claim,
+        store.jobs.claim,
         owner=owner,
         lease_seconds=0,
         now=now,
@@ -338,12 +340,12 @@ def test_an_interrupted_requeue_job_keeps_its_attempt_and_fails_at_the_third_in_
         now = utc_now()
         assert [job.attempt for job in claim_all(store, f"dead-{interruption}", now)] == [1]
         later = now + timedelta(seconds=1)
-        assert rescuer.run_once(later) == queries.Recovered(requeued=(job_id,))
+        assert rescuer.run_once(later) == Recovered(requeued=(job_id,))
         job = jobs.get(job_id)
         assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 0, interruption)
     now = utc_now()
     claim_all(store, "dead-last", now)
-    assert rescuer.run_once(now + timedelta(seconds=1)) == queries.Recovered(failed=(job_id,))
+    assert rescuer.run_once(now + timedelta(seconds=1)) == Recovered(failed=(job_id,))
     job = jobs.get(job_id)
     assert (job.status, job.error, job.attempt, job.interruptions) == (
         Status.FAILED,
@@ -361,7 +363,7 @@ def test_an_attempt_that_ends_otherwise_resets_the_interruptions_in_a_row(hostil
     claim_all(store, "dead", now)
     Rescuer(store).run_once(now + timedelta(seconds=1))
     [claimed] = claim_all(store, "live", utc_now())
-    assert store.write(queries.transition, claimed.lease, to=Status.QUEUED)
+    assert store.write(store.jobs.transition, claimed.lease, to=Status.QUEUED)
     job = jobs.get(job_id)
     assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 1, 0)
 
@@ -434,12 +436,8 @@ def test_a_row_that_does_not_decode_fails_alone(hostile, household, client, auth
     ]
     bad_result = jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
     bad_payload = jobs.enqueue("succeed", {"value": 4}, household_id=household.household_id)
-    store.write(
-        lambda tx: tx.execute("UPDATE jobs SET result = '{half' WHERE id = ?", (bad_result,))
-    )
-    store.write(
-        lambda tx: tx.execute("UPDATE jobs SET payload = 'nope' WHERE id = ?", (bad_payload,))
-    )
+    sql.execute(store, "UPDATE jobs SET result = '{half' WHERE id = ?", (bad_result,))
+    sql.execute(store, "UPDATE jobs SET payload = 'nope' WHERE id = ?", (bad_payload,))
     jobs.start_pool()
     for job_id in good:
         assert wait_for(lambda job_id=job_id: jobs.get(job_id).status == Status.SUCCEEDED)
@@ -455,6 +453,7 @@ def test_a_row_that_does_not_decode_fails_alone(hostile, household, client, auth
     assert answer.get_json()["result"] is None
 
 
+@pytest.mark.sqlite_only  # legacy data only ever lived in SQLite
 def test_a_legacy_pending_row_whose_result_is_not_json_fails_alone(tmp_path: Path, make_app, logs):
     path = str(tmp_path / "legacy.sqlite3")
     migrations.upgrade(path, target=2)
@@ -507,6 +506,7 @@ def test_a_role_that_dies_is_logged_and_restarts_the_process(hostile, household,
     )
 
 
+@pytest.mark.sqlite_only  # the writer thread is SQLite's
 def test_a_store_whose_writer_died_restarts_the_process(hostile, household):
     jobs = hostile()
     fatal: list[str] = []

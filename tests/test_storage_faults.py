@@ -35,11 +35,11 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
 
 
 @pytest.fixture
-def db_path(small_disk: SmallDisk) -> str:
+def database(small_disk: SmallDisk) -> dict[str, str]:
     """Overrides conftest's: the app, its store and the household live on the small disk."""
     path = str(small_disk.path / "mealquest.sqlite3")
     migrations.upgrade(path)
-    return path
+    return {"DATABASE": path}
 
 
 def assert_unavailable(response):

@@ -1,0 +1,62 @@
+"""Which database the service uses: `MEALQUEST_DATABASE_URL`, or the SQLite file
+`MEALQUEST_DATABASE`. Opening a store connects to nothing; the first use does,
+in the process that uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from mealquest.db.driver import Store
+
+SQLITE_SCHEME = "sqlite"
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+class DatabaseURLError(ValueError):
+    """The database URL is not one this service can use."""
+
+
+def sqlite_path(url: str) -> str:
+    """The file of `sqlite:///relative/path` or `sqlite:////absolute/path`."""
+    parts = urlsplit(url)
+    if parts.scheme != SQLITE_SCHEME or parts.netloc or not parts.path.startswith("/"):
+        raise DatabaseURLError("must be sqlite:///relative/path or sqlite:////absolute/path")
+    path = unquote(parts.path[1:])
+    if not path or path.endswith("/"):
+        raise DatabaseURLError("must name a file, e.g. sqlite:///instance/mealquest.sqlite3")
+    return path
+
+
+def check_url(url: str) -> str:
+    """The URL's driver (`sqlite` or `postgresql`); DatabaseURLError if neither."""
+    scheme = urlsplit(url).scheme
+    if scheme == SQLITE_SCHEME:
+        sqlite_path(url)
+        return "sqlite"
+    if scheme in POSTGRES_SCHEMES:
+        parts = urlsplit(url)
+        if not parts.hostname or not parts.path.strip("/"):
+            raise DatabaseURLError("must be postgresql://user:password@host:port/database")
+        return "postgresql"
+    raise DatabaseURLError("must start with sqlite:// or postgresql://")
+
+
+def open_store(config: Mapping[str, Any]) -> Store:
+    """The store the configuration names (the URL wins over the file)."""
+    url = config.get("DATABASE_URL")
+    busy = float(config["DB_BUSY_TIMEOUT_SECONDS"])
+    if url and check_url(url) == "postgresql":
+        from mealquest.db.postgresql.store import PostgresStore
+
+        return PostgresStore(
+            url,
+            busy_timeout_seconds=busy,
+            pool_size=int(config["PG_POOL_SIZE"]),
+            listen=bool(config["PG_LISTEN"]),
+        )
+    from mealquest.store import Store as SqliteStore
+
+    path = sqlite_path(url) if url else config["DATABASE"]
+    return SqliteStore(path, synchronous=config["DB_SYNCHRONOUS"], busy_timeout_seconds=busy)

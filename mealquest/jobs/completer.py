@@ -13,15 +13,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import gevent
 from gevent.event import AsyncResult, Event
 
-from mealquest.jobs import queries
 from mealquest.jobs.executor import Executor, Outcome
-from mealquest.jobs.model import Job
-from mealquest.jobs.queries import Lease
+from mealquest.jobs.model import Job, Lease
 from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
 
 logger = logging.getLogger(__name__)
@@ -51,11 +50,12 @@ class NextClaim:
 
 
 def _write_batch(
-    tx: Transaction, batch: list[_Pending], claim: dict[str, Any] | None
+    tx: Transaction, jobs: ModuleType, batch: list[_Pending], claim: dict[str, Any] | None
 ) -> tuple[list[bool], list[Job]]:
-    """The completer's transaction. Runs in the writer thread: no gevent objects."""
-    recorded = [pending.outcome.write(tx, pending.lease) for pending in batch]
-    return recorded, queries.claim(tx, **claim) if claim else []
+    """The completer's transaction (through `jobs`, the driver's job statements).
+    May run in the SQLite writer thread: no gevent objects."""
+    recorded = [pending.outcome.write(jobs, tx, pending.lease) for pending in batch]
+    return recorded, jobs.claim(tx, **claim) if claim else []
 
 
 class Completer:
@@ -138,7 +138,9 @@ class Completer:
         claimed_at = time.monotonic()
         with self.executor.reserving(limit if claim else 0):
             try:
-                recorded, jobs = self.store.write(_write_batch, batch, claim_values)
+                recorded, jobs = self.store.write(
+                    _write_batch, self.store.jobs, batch, claim_values
+                )
             except StoreUnavailable as error:
                 # The database, not one outcome: splitting would only wait again per job.
                 for pending in batch:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import gevent
@@ -23,10 +24,16 @@ from gevent.event import Event
 from gevent.greenlet import Greenlet
 from marshmallow import ValidationError
 
-from mealquest.jobs import queries
 from mealquest.jobs.errors import LeaseLost, PoolStopping
-from mealquest.jobs.model import MESSAGE_INTERNAL, MESSAGE_TIMED_OUT, Failure, Job, Status
-from mealquest.jobs.queries import Attempt, Lease
+from mealquest.jobs.model import (
+    MESSAGE_INTERNAL,
+    MESSAGE_TIMED_OUT,
+    Attempt,
+    Failure,
+    Job,
+    Lease,
+    Status,
+)
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
 from mealquest.store import Store, StoreUnavailable, Transaction
@@ -53,8 +60,9 @@ class Outcome:
     error: str | None = None
     delay_seconds: float | None = None
 
-    def write(self, tx: Transaction, lease: Lease) -> bool:
-        return queries.transition(
+    def write(self, jobs: ModuleType, tx: Transaction, lease: Lease) -> bool:
+        """Through `jobs`, the driver's job statements."""
+        return jobs.transition(
             tx,
             lease,
             to=self.to,
@@ -111,6 +119,9 @@ class JobContext:
         self.kind = job.kind
         self.attempt = job.attempt
         self.max_attempts = job.max_attempts
+        # The database: handlers write their domain rows through its SQL
+        # (`ctx.store.recipes`, ...) inside `ctx.write`.
+        self.store = store
         self._store = store
         self._kind = kind
         self._lease = entry.lease
@@ -118,7 +129,7 @@ class JobContext:
     def publish(self, partial: Any) -> None:
         """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
         encoded = self._kind.encode_partial(partial)
-        published = self._store.write(queries.publish, self._lease, result=encoded)
+        published = self._store.write(self._store.jobs.publish, self._lease, result=encoded)
         if not published:
             raise LeaseLost(LeaseLost.__doc__)
 
@@ -134,7 +145,7 @@ class JobContext:
         """
 
         def fenced(tx: Transaction) -> T:
-            if not queries.owns(tx, self._lease):
+            if not self._store.jobs.owns(tx, self._lease):
                 raise LeaseLost(LeaseLost.__doc__)
             return fn(tx, *args, **kwargs)
 

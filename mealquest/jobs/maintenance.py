@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from mealquest.jobs import queries
 from mealquest.jobs.errors import LeaseLost
 from mealquest.jobs.executor import STOPPING, Executor, Running, failed
-from mealquest.jobs.model import MESSAGE_TIMED_OUT
+from mealquest.jobs.model import MESSAGE_TIMED_OUT, Recovered
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
 from mealquest.store import Store
@@ -45,12 +44,12 @@ class Rescuer:
         # This process's own live handlers are never rescued from under them.
         self.executor = executor
 
-    def run_once(self, now: datetime | None = None) -> queries.Recovered:
+    def run_once(self, now: datetime | None = None) -> Recovered:
         """`now` moves the database's clock (tests); None is the database's own."""
         keep = []
         if self.executor is not None:
             keep = [e.lease for e in self.executor.running.values() if e.alive()]
-        recovered = self.store.write(queries.rescue_expired, keep=keep, now=now)
+        recovered = self.store.write(self.store.jobs.rescue_expired, keep=keep, now=now)
         for job_id in recovered.requeued:
             logger.warning("re-queued a job whose lease expired", extra={"job_id": job_id})
         for job_id in recovered.failed:
@@ -87,7 +86,7 @@ class Heartbeat:
         if not entries:
             return 0
         renewed = self.store.write(
-            queries.renew_leases,
+            self.store.jobs.renew_leases,
             [e.lease for e in entries],
             lease_seconds=self.settings.lease_seconds,
         )
@@ -177,7 +176,7 @@ class UnhandledKinds:
         self.registry = registry
 
     def run_once(self) -> dict[str, int]:
-        waiting = self.store.read(queries.queued_of_other_kinds, self.registry.names())
+        waiting = self.store.read(self.store.jobs.queued_of_other_kinds, self.registry.names())
         if waiting:
             listed = ", ".join(f"{kind} ({count})" for kind, count in waiting.items())
             logger.warning(

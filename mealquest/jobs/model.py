@@ -64,6 +64,26 @@ class Failure(Exception):
         self.message = message
 
 
+class Attempt(enum.Enum):
+    """Whether the attempt that ends counts against the job's `max_attempts`."""
+
+    SPEND = "spend"
+    """It counts: the job ran and ended (a retry resets the interruptions in a row)."""
+    REFUND = "refund"
+    """It does not: the job never ran, or storage, not the job, failed."""
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """Jobs taken back from a worker that no longer runs them."""
+
+    requeued: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+
+    def __add__(self, other: Recovered) -> Recovered:
+        return Recovered(self.requeued + other.requeued, self.failed + other.failed)
+
+
 @dataclass(frozen=True)
 class Lease:
     """What fences a running job's writes: the claim's token and the attempt."""

@@ -16,11 +16,9 @@ from typing import Any
 
 from gevent.event import Event
 
-from mealquest.jobs import queries
 from mealquest.jobs.completer import NextClaim
 from mealquest.jobs.executor import Executor
-from mealquest.jobs.model import Job, Status
-from mealquest.jobs.queries import Attempt
+from mealquest.jobs.model import Attempt, Job, Status
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
 from mealquest.store import Store, StoreUnavailable
@@ -81,7 +79,7 @@ class Producer:
         """Claim up to `limit` due jobs and start running them."""
         claimed_at = time.monotonic()
         with self.executor.reserving(limit):
-            jobs = self.store.write(queries.claim, **self.claim_values(limit))
+            jobs = self.store.write(self.store.jobs.claim, **self.claim_values(limit))
             self.hand_out(jobs, claimed_at)
         return jobs
 
@@ -116,7 +114,7 @@ class Producer:
 
         def unclaim(tx: Any) -> None:
             for lease in leases:
-                queries.transition(tx, lease, to=Status.QUEUED, attempt=Attempt.REFUND)
+                self.store.jobs.transition(tx, lease, to=Status.QUEUED, attempt=Attempt.REFUND)
 
         try:
             self.store.write(unclaim)
@@ -140,7 +138,7 @@ class Producer:
                     continue
                 version = current
                 # Something committed (maybe only a heartbeat): claim only if a job is due.
-                if self.store.read(queries.has_due_job, kinds):
+                if self.store.read(self.store.jobs.has_due_job, kinds):
                     return
         except StoreUnavailable:
             self._wake.wait(max(deadline - time.monotonic(), 0))

@@ -27,12 +27,12 @@ import gevent
 from gevent.event import Event
 from gevent.greenlet import Greenlet
 
-from mealquest.jobs import hub_monitor, queries
+from mealquest.jobs import hub_monitor
 from mealquest.jobs.completer import Completer
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
 from mealquest.jobs.executor import STOPPING, Executor, JobContext, Running
 from mealquest.jobs.maintenance import Heartbeat, Rescuer, UnhandledKinds, Watchdog, record_hung
-from mealquest.jobs.model import MESSAGE_INTERRUPTED, Status
+from mealquest.jobs.model import MESSAGE_INTERRUPTED, Recovered, Status
 from mealquest.jobs.producer import Producer
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
@@ -154,7 +154,7 @@ class Pool:
         for entry in hung:
             entry.abandoned = True
             logger.error("handler will not die: it ignored the stop", extra=entry.extra)
-        recovered = queries.Recovered()
+        recovered = Recovered()
         if stopped or hung:
             try:
                 recovered = self.store.write(self._record_stopped, stopped, hung)
@@ -170,17 +170,18 @@ class Pool:
         logger.info("job pool stopped (owner %s)", self.owner)
         return report
 
-    @staticmethod
     def _record_stopped(
-        tx: Transaction, stopped: list[Running], hung: list[Running]
-    ) -> queries.Recovered:
-        recovered = queries.interrupt(tx, [e.lease for e in stopped])
+        self, tx: Transaction, stopped: list[Running], hung: list[Running]
+    ) -> Recovered:
+        recovered = self.store.jobs.interrupt(tx, [e.lease for e in stopped])
         failed = tuple(
             entry.job.id
             for entry in hung
-            if queries.transition(tx, entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED)
+            if self.store.jobs.transition(
+                tx, entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED
+            )
         )
-        return recovered + queries.Recovered(failed=failed)
+        return recovered + Recovered(failed=failed)
 
     # -- supervision ------------------------------------------------------------
 
@@ -234,7 +235,7 @@ class Pool:
             self.fatal("the store's writer thread died")
         return self.watchdog.run_once()
 
-    def rescue_once(self, now: datetime | None = None) -> queries.Recovered:
+    def rescue_once(self, now: datetime | None = None) -> Recovered:
         recovered = self.rescuer.run_once(now)
         if recovered.requeued:
             self.producer.wake()

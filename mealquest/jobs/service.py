@@ -11,7 +11,6 @@ from flask import Flask
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
-from mealquest.jobs import queries
 from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
 from mealquest.jobs.model import Job, Status
 from mealquest.jobs.registry import Registry
@@ -53,7 +52,7 @@ class JobService:
         job_id = new_job_id()
 
         def insert(tx: Transaction) -> None:
-            queries.insert_job(
+            self.store.jobs.insert_job(
                 tx,
                 job_id=job_id,
                 household_id=household_id,
@@ -75,7 +74,7 @@ class JobService:
             self.pool.wake()
 
     def get(self, job_id: str, *, household_id: int | None = None) -> Job | None:
-        return self.store.read(queries.get_job, job_id, household_id)
+        return self.store.read(self.store.jobs.get_job, job_id, household_id)
 
     def list_jobs(
         self,
@@ -87,7 +86,7 @@ class JobService:
         limit: int = 50,
     ) -> list[Job]:
         return self.store.read(
-            lambda conn: queries.list_jobs(
+            lambda conn: self.store.jobs.list_jobs(
                 conn,
                 household_id=household_id,
                 status=status,

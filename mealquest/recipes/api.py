@@ -13,7 +13,6 @@ from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.schemas import JobSchema
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
-from mealquest.recipes import queries
 from mealquest.recipes.kind import KIND
 from mealquest.recipes.schemas import (
     RECIPE_ID_PATTERN,
@@ -60,7 +59,8 @@ def get_recipe(recipe_id: str) -> dict[str, Any]:
     # Malformed, unknown and another household's ids answer the same 404.
     recipe = None
     if _RECIPE_ID.match(recipe_id):
-        recipe = get_store().read(queries.get_recipe, recipe_id, current_household().id)
+        store = get_store()
+        recipe = store.read(store.recipes.get_recipe, recipe_id, current_household().id)
     if recipe is None:
         raise not_found("recipe not found")
     return _recipe_schema.dump(recipe)
@@ -75,8 +75,9 @@ def list_recipes() -> dict[str, Any]:
     limit = query["limit"]
     before = decode_cursor(query["cursor"]) if query["cursor"] else None
     household_id = current_household().id
-    recipes = get_store().read(
-        lambda conn: queries.list_recipes(
+    store = get_store()
+    recipes = store.read(
+        lambda conn: store.recipes.list_recipes(
             conn, household_id=household_id, before_seq=before, limit=limit + 1
         )
     )

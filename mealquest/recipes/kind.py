@@ -20,7 +20,6 @@ import gevent
 from mealquest.jobs.model import Failure
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.runner import JobContext
-from mealquest.recipes import queries
 from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
 from mealquest.recipes.parse import ParsedRecipe, ParserFailed, parse_page
 from mealquest.recipes.schemas import (
@@ -59,7 +58,7 @@ def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy)
     ctx.publish({"stage": "parsing"})
     parsed = _parse(page, ctx)
     recipe = ctx.write(
-        queries.upsert_for_job,
+        ctx.store.recipes.upsert_for_job,
         household_id=ctx.household_id,
         job_id=ctx.job_id,
         source_url=public_source_url(url),

@@ -28,7 +28,8 @@ def check_database(app_uri: str) -> int:
     except ConfigError as error:
         return _refuse(str(error))
     store = get_store(app)
-    path = store.path
+    path = store.describe()
+    key = "MEALQUEST_DATABASE_URL" if app.config.get("DATABASE_URL") else "MEALQUEST_DATABASE"
     try:
         migrations.require_migrated(store)
     except migrations.DatabaseNotMigrated as error:
@@ -36,7 +37,7 @@ def check_database(app_uri: str) -> int:
     except migrations.MigrationError as error:
         return _refuse(f"refusing to start: the database {path} cannot be served: {error}")
     except (StoreError, sqlite3.Error) as error:
-        return _refuse(f"refusing to start: the database {path} cannot be read: {error}")
+        return _refuse(f"refusing to start: {key}: the database {path} cannot be read: {error}")
     finally:
         store.close()
     return 0

@@ -28,12 +28,13 @@ from mealquest.db.postgresql.store import Executes, PostgresTransaction
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
+    Attempt,
     Job,
     Lease,
     OnInterrupt,
+    Recovered,
     Status,
 )
-from mealquest.jobs.queries import Attempt, Recovered
 
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "

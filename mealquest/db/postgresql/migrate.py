@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from mealquest.clock import to_text
 from mealquest.migrations import (
-    MIGRATIONS_DIR,
+    MIGRATIONS_ROOT,
     DatabaseNotMigrated,
+    Ledger,
     Migration,
     MigrationError,
     MigrationState,
-    _check_checksums,
+    check_ledger,
     discover,
 )
 from mealquest.store import StoreUnavailable
@@ -31,7 +32,8 @@ from mealquest.store import StoreUnavailable
 if TYPE_CHECKING:
     import psycopg
 
-POSTGRESQL_MIGRATIONS_DIR = MIGRATIONS_DIR / "postgresql"
+MIGRATIONS_DIR = MIGRATIONS_ROOT / "postgresql"
+POSTGRESQL_MIGRATIONS_DIR = MIGRATIONS_DIR
 # One key for every migration run against a database ("mealques" as a bigint).
 LOCK_KEY = int.from_bytes(b"mealques", "big")
 _CONNECT_TIMEOUT_SECONDS = 10
@@ -74,52 +76,59 @@ def _applied(conn: psycopg.Connection[dict[str, Any]]) -> dict[int, dict[str, An
     return {row["version"]: row for row in rows}
 
 
-def status_of(
-    conn: psycopg.Connection[dict[str, Any]], migrations: list[Migration] | None = None
-) -> list[MigrationState]:
-    """Every known migration with when it was applied; refuses changed applied files.
-
-    Takes a connection so that a serving process can run it as a store read.
+def status_of(conn: Any, migrations: list[Migration] | None = None) -> Ledger:
+    """Every known migration with when it was applied, and the newer unknown
+    ones; refuses changed applied files and a history this code does not share
+    (the same rules as on SQLite). Takes a connection so that a serving
+    process can run it as a store read.
     """
-    migrations = discover(POSTGRESQL_MIGRATIONS_DIR) if migrations is None else migrations
+    migrations = discover(MIGRATIONS_DIR) if migrations is None else migrations
     applied = _applied(conn)
-    _check_checksums(migrations, applied)
-    return [
+    unknown = check_ledger(migrations, applied)
+    states = tuple(
         MigrationState(
             m, to_text(applied[m.version]["applied_at"]) if m.version in applied else None
         )
         for m in migrations
-    ]
+    )
+    return Ledger(states, unknown)
 
 
-def status(url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR) -> list[MigrationState]:
+def status(url: str, directory: Path = MIGRATIONS_DIR) -> Ledger:
     known = discover(directory)
     with connect(url) as conn:
         return status_of(conn, known)
 
 
-def require_current_of(
-    conn: psycopg.Connection[dict[str, Any]], migrations: list[Migration] | None = None
-) -> None:
-    """Raise DatabaseNotMigrated unless every migration is applied."""
-    if any(not state.applied for state in status_of(conn, migrations)):
-        raise DatabaseNotMigrated(DatabaseNotMigrated.__doc__)
+def require_current_of(conn: Any, migrations: list[Migration] | None = None) -> tuple[str, ...]:
+    """Raise DatabaseNotMigrated unless every known migration is applied; returns
+    the applied migrations this code does not know (a newer release's)."""
+    ledger = status_of(conn, migrations)
+    if ledger.pending:
+        names = [m.path.name for m in ledger.pending]
+        raise DatabaseNotMigrated(
+            f"the database is not migrated ({len(names)} pending: {', '.join(names)}); "
+            "run `flask db upgrade`",
+            names,
+        )
+    return ledger.unknown
 
 
-def require_current(url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR) -> None:
+def require_current(url: str, directory: Path = MIGRATIONS_DIR) -> tuple[str, ...]:
     known = discover(directory)
     with connect(url) as conn:
-        require_current_of(conn, known)
+        return require_current_of(conn, known)
 
 
 def upgrade(
-    url: str, directory: Path = POSTGRESQL_MIGRATIONS_DIR, *, target: int | None = None
+    url: str, directory: Path = MIGRATIONS_DIR, *, target: int | None = None
 ) -> list[Migration]:
     """Apply pending migrations (up to `target`), each in its own transaction."""
     migrations = discover(directory)
     with connect(url) as conn:
         _locked(conn, lambda: conn.execute(_LEDGER))
-        _check_checksums(migrations, _applied(conn))
+        # A database ahead of this code has nothing pending for it.
+        check_ledger(migrations, _applied(conn))
         done = []
         for migration in migrations:
             if target is not None and migration.version > target:
@@ -162,7 +171,7 @@ def _apply(conn: psycopg.Connection[dict[str, Any]], migration: Migration) -> bo
             (migration.version,),
         ).fetchone()
         if row is not None:
-            _check_checksums([migration], {migration.version: row})
+            check_ledger([migration], {migration.version: row})
             return
         # The whole file at once (no parameters: several statements are allowed).
         conn.execute(sql.encode("utf-8"))

@@ -27,6 +27,8 @@ import math
 import os
 import time
 from collections.abc import Callable
+from functools import cached_property
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlsplit
 
@@ -130,6 +132,60 @@ class PostgresStore:
     def __repr__(self) -> str:
         # Never the URL: it holds the password.
         return f"<PostgresStore pool_size={self.pool_size} listen={self.listen}>"
+
+    # -- the driver's SQL, migrations and description -----------------------------
+
+    name = "postgresql"
+
+    @cached_property
+    def jobs(self) -> ModuleType:
+        from mealquest.db.postgresql import jobs
+
+        return jobs
+
+    @cached_property
+    def households(self) -> ModuleType:
+        from mealquest.db.postgresql import households
+
+        return households
+
+    @cached_property
+    def recipes(self) -> ModuleType:
+        from mealquest.db.postgresql import recipes
+
+        return recipes
+
+    @cached_property
+    def migrations(self) -> ModuleType:
+        from mealquest.db.postgresql import migrate
+
+        return migrate
+
+    def describe(self) -> str:
+        """The database as messages name it: host, port and name, never the password."""
+        parts = urlsplit(self.url)
+        return f"postgresql://{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+
+    def exists(self) -> bool:
+        """A server's database is there to ask; whether it answers is another matter."""
+        return True
+
+    def upgrade(self, target: int | None = None) -> list[Any]:
+        """Apply pending migrations (the foreground's job: it may wait on the lock)."""
+        return self.migrations.upgrade(self.url, self.migrations.MIGRATIONS_DIR, target=target)
+
+    def migration_status(self) -> Any:
+        """The ledger as this code sees it (`migrations.Ledger`)."""
+        return self.migrations.status(self.url, self.migrations.MIGRATIONS_DIR)
+
+    @property
+    def broken(self) -> bool:
+        """Never: a connection that fails is replaced by the pool."""
+        return False
+
+    def check_writable(self) -> None:
+        """Raise StoreUnavailable unless a write can commit now; cheap enough for /healthz."""
+        self.write(lambda tx: tx.execute("SELECT 1"))
 
     # -- connections ------------------------------------------------------------
 

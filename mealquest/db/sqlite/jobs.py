@@ -12,19 +12,19 @@ that cut a job short, or an expired lease) through `interrupt` and
 
 from __future__ import annotations
 
-import enum
 import sqlite3
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
+    Attempt,
     Job,
     Lease,
     OnInterrupt,
+    Recovered,
     Status,
 )
 from mealquest.store import Transaction
@@ -34,15 +34,6 @@ _COLUMNS = (
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
     "on_interrupt, interruptions"
 )
-
-
-class Attempt(enum.Enum):
-    """Whether the attempt that ends counts against the job's `max_attempts`."""
-
-    SPEND = "spend"
-    """It counts: the job ran and ended (a retry resets the interruptions in a row)."""
-    REFUND = "refund"
-    """It does not: the job never ran, or storage, not the job, failed."""
 
 
 def insert_job(
@@ -224,17 +215,6 @@ def queued_of_other_kinds(conn: sqlite3.Connection, kinds: Collection[str]) -> d
         tuple(kinds),
     ).fetchall()
     return {row["kind"]: row["waiting"] for row in rows}
-
-
-@dataclass(frozen=True)
-class Recovered:
-    """Jobs taken back from a worker that no longer runs them."""
-
-    requeued: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
-
-    def __add__(self, other: Recovered) -> Recovered:
-        return Recovered(self.requeued + other.requeued, self.failed + other.failed)
 
 
 # The interruption policy, in SQL so that one statement applies it to any
