@@ -17,6 +17,8 @@ from mealquest.households import (
     token_digest,
 )
 
+pytestmark = pytest.mark.both_databases
+
 
 def assert_unauthorized(response):
     assert response.status_code == 401

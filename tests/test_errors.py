@@ -10,6 +10,8 @@ from mealquest.extensions import get_store
 from mealquest.store import Store
 from tests.support.kinds import SECRET
 
+pytestmark = pytest.mark.both_databases
+
 LIMIT = 1024
 
 

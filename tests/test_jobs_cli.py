@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from mealquest.jobs.model import Status
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.give_up import REASON, register_give_up
 from tests.support.processes import Process, process_group
+
+pytestmark = pytest.mark.both_databases
 
 
 def test_jobs_list_and_show(runner, jobs, household, other_household):
@@ -61,11 +66,7 @@ def test_jobs_show_masks_the_secrets_of_urls_in_the_payload_and_result(
     )
     # A result as a handler could write it, quoting an address with its credentials.
     result = {"seen": ["https://u:SECRET2@x.example/r?sig=SECRET3#SECRET4"]}
-    store.write(
-        lambda tx: tx.execute(
-            "UPDATE jobs SET result = ? WHERE id = ?", (json.dumps(result), job_id)
-        )
-    )
+    sql.execute(store, "UPDATE jobs SET result = ? WHERE id = ?", (json.dumps(result), job_id))
 
     shown = runner.invoke(args=["jobs", "show", job_id])
     assert shown.exit_code == 0, shown.output

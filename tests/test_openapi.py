@@ -12,6 +12,8 @@ from mealquest.openapi import ERROR_CODES, get_document, undocumented_rules
 from mealquest.pagination import CURSOR_PATTERN, decode_cursor
 from mealquest.recipes.schemas import MAX_URL_LENGTH, WEB_URL_PATTERN, validate_web_url
 
+pytestmark = pytest.mark.both_databases
+
 # Generated strings from a pattern: Python's `$` also matches before a final
 # newline, which the document's (ECMA) `$` does not.
 _no_final_newline = lambda value: not value.endswith("\n")  # noqa: E731

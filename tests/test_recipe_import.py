@@ -13,6 +13,7 @@ from flask.testing import FlaskClient
 
 from mealquest.extensions import get_jobs, get_store
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.kinds import SECRET
 from tests.support.pages import (
     MICRODATA_PAGE,
@@ -21,6 +22,8 @@ from tests.support.pages import (
     Reply,
     recipe_page,
 )
+
+pytestmark = pytest.mark.both_databases
 
 # Fast retries, so failures that retry finish in a moment. The time limits are
 # deadlines for a loaded machine (a held page is released well within them);
@@ -357,14 +360,11 @@ def test_failures_have_plain_messages_and_leak_no_secret(
     assert SECRET not in str(job)
     assert SECRET not in listed.get_data(as_text=True)
     # The row holds the URL in its payload (it must, to run); nothing else of it.
-    row = get_store(app).read(
-        lambda conn: conn.execute(
-            "SELECT status, result, error FROM jobs WHERE id = ?", (job_id,)
-        ).fetchone()
+    [row] = sql.rows(
+        get_store(app), "SELECT status, result, error FROM jobs WHERE id = ?", (job_id,)
     )
-    assert SECRET not in repr(tuple(row))
-    recipes = get_store(app).read(lambda conn: conn.execute("SELECT * FROM recipes").fetchall())
-    assert recipes == []
+    assert SECRET not in repr(row)
+    assert sql.rows(get_store(app), "SELECT * FROM recipes") == []
     formatter = logging.Formatter()
     below_error = [record for record in logs.records if record.levelno < logging.ERROR]
     assert below_error, "the job's outcome is logged"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mealquest.db.sqlite import recipes as queries
 from mealquest.extensions import get_jobs, get_store
 from mealquest.recipes.parse import ParsedRecipe
+from tests.support import sql
+
+pytestmark = pytest.mark.both_databases
 
 URL = "https://recipes.example/soup"
 
@@ -15,8 +17,9 @@ def store_recipe(app, household_id: int, title: str) -> str:
     """A recipe as the kind stores it, for its own import job."""
     job_id = get_jobs(app).enqueue("recipe_import", {"url": URL}, household_id=household_id)
     parsed = ParsedRecipe(title, ["salt"], ["Cook."], None, None, None, None)
-    recipe = get_store(app).write(
-        queries.upsert_for_job,
+    store = get_store(app)
+    recipe = store.write(
+        store.recipes.upsert_for_job,
         household_id=household_id,
         job_id=job_id,
         source_url=URL,
@@ -185,7 +188,7 @@ def test_storing_twice_for_one_job_keeps_one_recipe(app, household):
     def upsert(title: str):
         parsed = ParsedRecipe(title, ["salt"], ["Cook."], "2", 10, None, "Ann")
         return store.write(
-            queries.upsert_for_job,
+            store.recipes.upsert_for_job,
             household_id=household.household_id,
             job_id=job_id,
             source_url=URL,
@@ -197,5 +200,5 @@ def test_storing_twice_for_one_job_keeps_one_recipe(app, household):
 
     assert second.id == first.id
     assert second.title == "Better soup"
-    count = store.read(lambda conn: conn.execute("SELECT count(*) FROM recipes").fetchone()[0])
+    count = sql.scalar(store, "SELECT count(*) FROM recipes")
     assert count == 1
