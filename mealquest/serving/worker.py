@@ -40,6 +40,7 @@ import gevent
 from gevent.greenlet import Greenlet
 
 from mealquest import migrations
+from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.runner import Pool, StopReport
 from mealquest.serving import flask_app
@@ -81,7 +82,8 @@ def start_worker(worker: Any) -> None:
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
             return
         pool = get_jobs(app).start_pool(on_fatal=_stop_serving(worker))
-    except migrations.MigrationError as error:
+    except (migrations.MigrationError, BlockingPsycopg) as error:
+        # Neither passes by itself: stop the server with one clear line.
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
     except (StoreError, sqlite3.Error) as error:
