@@ -34,10 +34,11 @@ import schemathesis
 from schemathesis.engine import Status as RunStatus
 from schemathesis.engine import events, from_schema
 
-from mealquest.db.sqlite import recipes as queries
 from mealquest.jobs.model import Status
 from mealquest.recipes.parse import ParsedRecipe
 from tests.conftest import wait_for
+
+pytestmark = pytest.mark.both_databases
 
 SEED = 20260406
 MAX_EXAMPLES = int(os.environ.get("MQ_FUZZ_EXAMPLES", "50"))
@@ -50,13 +51,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def served(db_path: str, tmp_path: Path) -> Iterator[str]:
+def served(database: dict, tmp_path: Path) -> Iterator[str]:
     """gunicorn on loopback with only the flags given here (no config file is
     read: it runs in an empty directory), so no job pool runs and the data
     the fuzzer reads stays as the test made it."""
     port = _free_port()
     env = {
-        "MEALQUEST_DATABASE": db_path,
+        **{f"MEALQUEST_{key}": value for key, value in database.items()},
         "MEALQUEST_LOG_LEVEL": "WARNING",
         "GUNICORN_CMD_ARGS": "",
     }
@@ -120,7 +121,7 @@ def api_schema(served, app, store, jobs, household, auth):
         author=None,
     )
     store.write(
-        lambda tx: queries.upsert_for_job(
+        lambda tx: store.recipes.upsert_for_job(
             tx,
             household_id=mine,
             job_id=done,
