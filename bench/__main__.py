@@ -484,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(figures))
     print(f"\n{summary}; JSON: {json_path}")
     if options.readme:
-        update_readme(f"{table(figures)}\n\n{summary}.")
+        update_readme(table(figures), summary, partial=bool(options.only))
     return 0
 
 
@@ -492,11 +492,33 @@ README = REPO / "bench" / "README.md"
 _START, _END = "<!-- table:start -->", "<!-- table:end -->"
 
 
-def update_readme(text: str) -> None:
-    """Replace the table between the markers in bench/README.md."""
+def update_readme(rows: str, summary: str, *, partial: bool) -> None:
+    """Put a run's rows in the table between the markers of bench/README.md.
+
+    A full run replaces the table. A partial one (`--only`) replaces the rows
+    of the figures it measured and adds those it is the first to measure, so
+    one section can be re-run alone; its summary line is kept beside the full
+    run's, naming the figures it gave.
+    """
     content = README.read_text()
     head, rest = content.split(_START, 1)
-    _, tail = rest.split(_END, 1)
+    old, tail = rest.split(_END, 1)
+    if not partial:
+        text = f"{rows}\n\n{summary}."
+    else:
+        new = {line.split("|")[1].strip(): line for line in rows.splitlines()[2:]}
+        lines = old.strip().splitlines()
+        table = [line for line in lines if line.startswith("|")]
+        notes = [line for line in lines if line and not line.startswith("|")]
+        merged = []
+        for line in table:
+            name = line.split("|")[1].strip()
+            merged.append(new.pop(name, line))
+        merged += new.values()
+        names = ", ".join(line.split("|")[1].strip() for line in rows.splitlines()[2:])
+        notes = [line for line in notes if not line.endswith(f"({names}).")]
+        notes.append(f"{summary} ({names}).")
+        text = "\n".join(merged) + "\n\n" + "\n\n".join(notes)
     README.write_text(f"{head}{_START}\n{text}\n{_END}{tail}")
 
 

@@ -53,7 +53,7 @@ FULL = Sizes(
     http_rounds=5,
     http_connections=32,
     lock_seconds=2.0,
-    pg_jobs=3_000,
+    pg_jobs=2_000,
 )
 
 QUICK = Sizes(
