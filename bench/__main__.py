@@ -8,6 +8,7 @@ ratios compare across runs. Prints a Markdown table and writes it as JSON.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -19,14 +20,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import claims, memory, throughput, web
+from bench import claims, memory, pg, pg_throughput, throughput, web
 from bench.common import FULL, QUICK, REPO, Sizes, copy_database, fresh_database, median, run_child
 from bench.loadgen import wrk_available
 
 SYNCHRONOUS = "NORMAL"  # the service's default (MEALQUEST_DB_SYNCHRONOUS)
 
-# Every figure the suite produces, in table order; the smoke test checks them all.
-FIGURES = (
+# Every figure the suite produces on SQLite, in table order.
+SQLITE_FIGURES = (
     "drain_vs_raw",
     "cycle_vs_raw",
     "drain_vs_huey",
@@ -43,6 +44,15 @@ FIGURES = (
     "claim_rate_statement",
     "rss_growth",
 )
+PG_FIGURES = (
+    "pg_drain_vs_raw",
+    "pg_cycle_vs_raw",
+    "pg_drain_vs_procrastinate",
+    "pg_two_processes",
+)
+# Every figure the quick run produces; the smoke test checks them all. It
+# measures PostgreSQL only on the test command's server: a quick run starts none.
+FIGURES = SQLITE_FIGURES + (PG_FIGURES if pg.test_server_url() else ())
 
 
 def figure(name, value, unit, baseline, baseline_unit, baseline_what, target, met=None, ratio=True):
@@ -274,6 +284,85 @@ def measure_memory(sizes: Sizes, workdir: Path) -> list[dict]:
     ]
 
 
+def _procrastinate_installed() -> bool:
+    return importlib.util.find_spec("procrastinate") is not None
+
+
+def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> list[dict]:
+    """The runner on PostgreSQL against a raw psycopg loop and procrastinate, and two
+    worker processes against one: every run on a database of its own, one server."""
+    peer = _procrastinate_installed()
+    if not peer and not quick:
+        raise RuntimeError("procrastinate is not installed: pip install -e '.[bench]'")
+    n, workers = sizes.pg_jobs, sizes.workers
+    runs: dict[str, list[dict]] = {"raw": [], "runner": [], "procrastinate": []}
+    one, two = [], []
+    children = [("raw", "pg_raw", True), ("runner", "pg_runner", True)]
+    if peer:
+        children.append(("procrastinate", "pg_procrastinate", False))
+    with pg.server(workdir) as server, pg.databases(server) as databases:
+        version = pg.server_version(server)
+        for _ in range(sizes.repeats):
+            for name, child, migrated in children:
+                with databases.new(migrated=migrated) as (url, household):
+                    args = {
+                        "url": url,
+                        "household": household,
+                        "jobs": n,
+                        "workers": workers,
+                        "log": str(log),
+                    }
+                    runs[name].append(run_child(child, args))
+            for count, seconds in ((1, one), (2, two)):
+                with databases.new() as (url, household):
+                    seconds.append(
+                        pg_throughput.drain_by_processes(url, household, workdir, count, n, workers)
+                    )
+
+    def rate(name: str, key: str) -> float | None:
+        if not runs[name]:
+            return None
+        values = []
+        for run in runs[name]:
+            seconds = run["drain_seconds"] if key == "drain" else sum(run.values())
+            values.append(n / seconds)
+        return median(values)
+
+    drain, cycle = rate("runner", "drain"), rate("runner", "cycle")
+    raw = "raw psycopg loop, same server"
+    peer_what = (
+        "procrastinate's worker, same server"
+        if peer
+        else "procrastinate not installed (pip install -e '.[bench]')"
+    )
+    rows = [
+        figure("pg_drain_vs_raw", drain, "jobs/s", rate("raw", "drain"), "jobs/s", raw, "≥ 0.5x"),
+        figure("pg_cycle_vs_raw", cycle, "jobs/s", rate("raw", "cycle"), "jobs/s", raw, "≥ 0.5x"),
+        figure(
+            "pg_drain_vs_procrastinate",
+            drain,
+            "jobs/s",
+            rate("procrastinate", "drain"),
+            "jobs/s",
+            peer_what,
+            "≥ 5.0x",
+        ),
+        figure(
+            "pg_two_processes",
+            n / median(two),
+            "jobs/s",
+            n / median(one),
+            "jobs/s",
+            "one worker process, same server",
+            "≥ 1.5x",
+        ),
+    ]
+    for row, bound in zip(rows, (0.5, 0.5, 5.0, 1.5), strict=True):
+        row["met"] = _at_least(row["ratio"], bound) if row["baseline"] is not None else None
+    rows[0]["postgresql"] = version
+    return rows
+
+
 def _number(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
@@ -300,7 +389,16 @@ def table(figures: list[dict]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("throughput", "processes", "latency", "http", "freeze", "claims", "memory")
+SECTIONS = (
+    "throughput",
+    "processes",
+    "latency",
+    "http",
+    "freeze",
+    "claims",
+    "memory",
+    "postgres",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="mealquest-bench-"))
     log = workdir / "children.log"
     sections = options.only or SECTIONS
+    if options.quick and not options.only and not pg.test_server_url():
+        sections = tuple(s for s in SECTIONS if s != "postgres")
     started = time.monotonic()
     figures: list[dict] = []
     try:
@@ -347,12 +447,15 @@ def main(argv: list[str] | None = None) -> int:
                 figures += measure_claims(sizes, workdir, log)
             elif section == "memory":
                 figures += measure_memory(sizes, workdir)
+            elif section == "postgres":
+                figures += measure_postgres(sizes, workdir, log, quick=options.quick)
             print(f"{section}: {time.monotonic() - section_started:.1f} s", file=sys.stderr)
     finally:
         if options.keep:
             print(f"work directory kept: {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    postgresql = next((row["postgresql"] for row in figures if "postgresql" in row), None)
     results = {
         "mode": "quick" if options.quick else "full",
         "started": stamp,
@@ -364,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version,
+            "postgresql": postgresql,
         },
         "figures": figures,
     }
@@ -375,10 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         f"SQLite {sqlite3.sqlite_version}, synchronous={SYNCHRONOUS}, "
         f"HTTP load by {generator}"
     )
+    if postgresql:
+        summary += f", PostgreSQL {postgresql} (fsync off)"
     print(table(figures))
     print(f"\n{summary}; JSON: {json_path}")
     if options.readme:
-        update_readme(f"{table(figures)}\n\n{summary}.")
+        update_readme(table(figures), summary, partial=bool(options.only))
     return 0
 
 
@@ -386,11 +492,33 @@ README = REPO / "bench" / "README.md"
 _START, _END = "<!-- table:start -->", "<!-- table:end -->"
 
 
-def update_readme(text: str) -> None:
-    """Replace the table between the markers in bench/README.md."""
+def update_readme(rows: str, summary: str, *, partial: bool) -> None:
+    """Put a run's rows in the table between the markers of bench/README.md.
+
+    A full run replaces the table. A partial one (`--only`) replaces the rows
+    of the figures it measured and adds those it is the first to measure, so
+    one section can be re-run alone; its summary line is kept beside the full
+    run's, naming the figures it gave.
+    """
     content = README.read_text()
     head, rest = content.split(_START, 1)
-    _, tail = rest.split(_END, 1)
+    old, tail = rest.split(_END, 1)
+    if not partial:
+        text = f"{rows}\n\n{summary}."
+    else:
+        new = {line.split("|")[1].strip(): line for line in rows.splitlines()[2:]}
+        lines = old.strip().splitlines()
+        table = [line for line in lines if line.startswith("|")]
+        notes = [line for line in lines if line and not line.startswith("|")]
+        merged = []
+        for line in table:
+            name = line.split("|")[1].strip()
+            merged.append(new.pop(name, line))
+        merged += new.values()
+        names = ", ".join(line.split("|")[1].strip() for line in rows.splitlines()[2:])
+        notes = [line for line in notes if not line.endswith(f"({names}).")]
+        notes.append(f"{summary} ({names}).")
+        text = "\n".join(merged) + "\n\n" + "\n\n".join(notes)
     README.write_text(f"{head}{_START}\n{text}\n{_END}{tail}")
 
 

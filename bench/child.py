@@ -3,18 +3,27 @@
 Patched by gevent first, as a gunicorn gevent worker is. Log lines (ours at
 INFO, as deployed, and huey's) go to the file named by `log`, not a pipe the
 parent would have to drain. The result is one JSON line on stdout.
+
+A peer whose library runs its own asyncio loop (procrastinate's worker) runs
+unpatched, as it is meant to.
 """
+
+import sys
 
 from gevent import monkey
 
-monkey.patch_all()
+UNPATCHED = frozenset({"pg_procrastinate"})
+
+if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
+    pass
+else:
+    monkey.patch_all()
 
 import json  # noqa: E402
-import sys  # noqa: E402
 
 
 def main() -> None:
-    from bench import claims, freeze, latency, memory, throughput
+    from bench import claims, freeze, latency, memory, pg_throughput, throughput
 
     functions = {
         **throughput.CHILDREN,
@@ -22,6 +31,7 @@ def main() -> None:
         **freeze.CHILDREN,
         **claims.CHILDREN,
         **memory.CHILDREN,
+        **pg_throughput.CHILDREN,
     }
     name, args = sys.argv[1], json.loads(sys.argv[2])
     if args.get("log"):

@@ -37,6 +37,7 @@ class Sizes:
     http_rounds: int  # rounds per route, alternating; the median is kept
     http_connections: int
     lock_seconds: float
+    pg_jobs: int  # jobs per PostgreSQL throughput run
 
 
 FULL = Sizes(
@@ -52,6 +53,7 @@ FULL = Sizes(
     http_rounds=5,
     http_connections=32,
     lock_seconds=2.0,
+    pg_jobs=2_000,
 )
 
 QUICK = Sizes(
@@ -67,6 +69,7 @@ QUICK = Sizes(
     http_rounds=1,
     http_connections=4,
     lock_seconds=0.3,
+    pg_jobs=100,
 )
 
 

@@ -162,11 +162,12 @@ def huey_child(args: dict) -> dict:
 CHILDREN = {"throughput_raw": raw_child, "throughput_runner": runner_child, "huey": huey_child}
 
 
-def worker_process(db: str, log: Path, **config: object) -> subprocess.Popen:
-    """A `flask jobs work` process of the bench app (the deployed worker, without HTTP)."""
+def worker_process(db: str | None, log: Path, **config: object) -> subprocess.Popen:
+    """A `flask jobs work` process of the bench app (the deployed worker, without HTTP)
+    on the SQLite file `db`, or on the database `config` names (`DATABASE_URL`)."""
     env = {
         "PYTHONPATH": str(REPO),
-        "MEALQUEST_DATABASE": db,
+        **({"MEALQUEST_DATABASE": db} if db else {}),
         **{f"MEALQUEST_{key}": str(value) for key, value in config.items()},
     }
     import os

@@ -1,0 +1,152 @@
+"""PostgreSQL for the bench: a server, and a fresh database per measurement.
+
+The server is the test command's when `MEALQUEST_TEST_POSTGRES_URL` names one
+(the bench then only adds databases to it, and drops them), else a private
+one that `scripts/postgres` starts in the bench's work directory and stops
+when the section ends, however it ends. Each measurement gets a database of
+its own, made for it and dropped after, so no run finds another's rows,
+dead tuples or cached plans.
+
+This runs in the parent, which gevent does not patch: plain psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from bench.common import REPO
+
+TEST_SERVER_VARIABLE = "MEALQUEST_TEST_POSTGRES_URL"
+
+
+def test_server_url() -> str | None:
+    """The test command's server, when it runs one."""
+    return os.environ.get(TEST_SERVER_VARIABLE) or None
+
+
+def _script(command: str, directory: Path) -> str:
+    completed = subprocess.run(
+        [str(REPO / "scripts" / "postgres"), command, str(directory)],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"scripts/postgres {command} failed:\n{completed.stderr[-2000:]}")
+    return completed.stdout.strip()
+
+
+@contextmanager
+def server(workdir: Path) -> Iterator[str]:
+    """The URL of a server to measure on: the test command's, or a private one."""
+    url = test_server_url()
+    if url:
+        yield url
+        return
+    directory = workdir / "postgres"
+    # The server runs as the `postgres` user when we are root: it must be able
+    # to reach its directory through the (private) work directory.
+    workdir.chmod(0o711)
+    try:
+        url = _script("start", directory)
+        yield url
+    finally:
+        _script("stop", directory)
+
+
+def with_database(url: str, name: str) -> str:
+    """`url` naming another database of the same server."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def _admin(url: str):
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True, connect_timeout=10)
+
+
+def _drop(admin, name: str) -> None:
+    from psycopg import sql
+
+    # FORCE: a killed child's connection may linger.
+    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+class Databases:
+    """Fresh databases on one server, migrated ones cloned from a template that is
+    migrated once (migrating takes seconds on a busy machine, a clone a fraction)."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self._template: str | None = None
+
+    def _create(self, name: str, template: str | None = None) -> None:
+        from psycopg import sql
+
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        with _admin(self.server_url) as admin:
+            admin.execute(statement)
+
+    def _migrated_template(self) -> str:
+        if self._template is None:
+            from mealquest.db.postgresql import migrate
+
+            name = f"mq_bench_template_{secrets.token_hex(6)}"
+            self._create(name)
+            self._template = name
+            migrate.upgrade(with_database(self.server_url, name))
+        return self._template
+
+    @contextmanager
+    def new(self, *, migrated: bool = True) -> Iterator[tuple[str, int]]:
+        """A new database for one measurement: its URL and a household's id (0 when
+        not `migrated`: an empty database, for a peer that brings its own schema).
+        Dropped afterwards."""
+        template = self._migrated_template() if migrated else None
+        name = f"mq_bench_{secrets.token_hex(6)}"
+        self._create(name, template)
+        url = with_database(self.server_url, name)
+        try:
+            household = 0
+            if migrated:
+                with _admin(url) as conn:
+                    row = conn.execute(
+                        "INSERT INTO households (name) VALUES ('bench') RETURNING id"
+                    ).fetchone()
+                    household = int(row[0])
+            yield url, household
+        finally:
+            with _admin(self.server_url) as admin:
+                _drop(admin, name)
+
+    def close(self) -> None:
+        """Drop the template."""
+        if self._template is not None:
+            with _admin(self.server_url) as admin:
+                _drop(admin, self._template)
+            self._template = None
+
+
+@contextmanager
+def databases(server_url: str) -> Iterator[Databases]:
+    made = Databases(server_url)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def server_version(server_url: str) -> str:
+    with _admin(server_url) as conn:
+        return str(conn.execute("SHOW server_version").fetchone()[0]).split()[0]

@@ -1,0 +1,212 @@
+"""Runner throughput on PostgreSQL: against a raw psycopg loop, against procrastinate,
+and two worker processes against one.
+
+Each run drains `n` no-op jobs enqueued ahead, in a database of its own on
+one server. Our runner and the raw loop do the same work per job: an insert,
+a claim (`FOR UPDATE SKIP LOCKED`) and a completion that stores an empty
+result. Times: enqueue (n single-job transactions) and drain (from the start
+of the workers until no job is queued or running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.common import wait_until
+from bench.throughput import stop_processes, worker_process
+
+# The driver's statements (the PostgreSQL job queries), with a claim of LIMIT 1.
+_COLUMNS = (
+    "jobs.id, jobs.seq, jobs.household_id, jobs.kind, jobs.payload, jobs.status, jobs.result, "
+    "jobs.error, jobs.attempt, jobs.max_attempts, jobs.run_at, jobs.lease_owner, "
+    "jobs.lease_expires_at, jobs.created_at, jobs.updated_at, jobs.started_at, "
+    "jobs.finished_at, jobs.on_interrupt, jobs.interruptions"
+)
+INSERT = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+    "run_at, created_at, updated_at) "
+    "VALUES (%s, %s, 'noop', '{}', 'queued', 1, 'fail', now(), now(), now())"
+)
+CLAIM = (
+    "WITH next AS (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= now() "
+    "AND kind = ANY(%(kinds)s::text[]) ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
+    "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s, "
+    "lease_expires_at = now() + make_interval(secs => 60.0), started_at = now(), "
+    f"updated_at = now() FROM next WHERE jobs.seq = next.seq RETURNING {_COLUMNS}"
+)
+SUCCEED = (
+    "UPDATE jobs SET status = 'succeeded', result = '{}', finished_at = now(), "
+    "interruptions = 0, lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
+    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempt = %s"
+)
+ACTIVE = (
+    "SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') "
+    "OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running') AS active"
+)
+# N jobs committed at once, with the wake-up an enqueue sends listening workers.
+BULK_INSERT = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+    "run_at, created_at, updated_at) "
+    "SELECT replace(gen_random_uuid()::text, '-', ''), %s, 'noop', '{}', 'queued', 1, 'fail', "
+    "now(), now(), now() FROM generate_series(1, %s)"
+)
+NOTIFY = "NOTIFY mealquest_jobs"
+
+
+def raw_child(args: dict) -> dict:
+    """The baseline: one psycopg connection, one transaction per insert, claim, completion."""
+    import psycopg
+
+    conn = psycopg.connect(args["url"], autocommit=True)
+    household, n = args["household"], args["jobs"]
+    started = time.perf_counter()
+    for _ in range(n):
+        conn.execute("BEGIN")
+        conn.execute(INSERT, (uuid.uuid4().hex, household))
+        conn.execute("COMMIT")
+    enqueued = time.perf_counter()
+    owner = secrets.token_hex(16)
+    claim = {"kinds": ["noop"], "owner": owner}
+    while True:
+        conn.execute("BEGIN")
+        row = conn.execute(CLAIM, claim).fetchone()
+        conn.execute("COMMIT")
+        if row is None:
+            break
+        conn.execute("BEGIN")
+        conn.execute(SUCCEED, (row[0], owner, row[8]))
+        conn.execute("COMMIT")
+    drained = time.perf_counter()
+    conn.close()
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
+def _active(conn: Any) -> bool:
+    return bool(conn.execute(ACTIVE).fetchone()["active"])
+
+
+def runner_child(args: dict) -> dict:
+    """Our runner on PostgreSQL: `JobService.enqueue` one job at a time, then one
+    process's pool drains."""
+    import gevent
+
+    from bench.app import counter, create_bench_app
+    from mealquest.extensions import get_jobs, get_store
+
+    app = create_bench_app({"DATABASE_URL": args["url"], "JOB_WORKERS": args["workers"]})
+    jobs, store = get_jobs(app), get_store(app)
+    household, n = args["household"], args["jobs"]
+    counter.expect(n)
+    started = time.perf_counter()
+    for _ in range(n):
+        jobs.enqueue("noop", {}, household_id=household)
+    enqueued = time.perf_counter()
+    pool = jobs.start_pool()
+    counter.done.wait()
+    while store.read(_active):
+        gevent.sleep(0.001)
+    drained = time.perf_counter()
+    pool.stop(5)
+    try:
+        store.close()
+    except RuntimeError:
+        # The store's listener was being started by the producer greenlet when
+        # the stop killed it, and a thread never started cannot be joined. The
+        # figure is measured by then; the log keeps the trace for the store's owner.
+        logging.getLogger(__name__).exception("closing the PostgreSQL store failed")
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
+def procrastinate_child(args: dict) -> dict:
+    """The peer: procrastinate's asyncio worker (`concurrency` = our workers) on an
+    empty database of the same server, its schema applied, a no-op task.
+
+    Runs in a process of its own event loop, not patched by gevent: that is
+    how procrastinate's worker is meant to run.
+    """
+    import procrastinate
+
+    # Procrastinate's worker logs each job's end at INFO, as our runner does.
+    proc_logger = logging.getLogger("procrastinate")
+    proc_logger.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    proc_logger.addHandler(handler)
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=args["url"]))
+    done = {"count": 0}
+
+    @app.task(name="noop")
+    async def noop() -> dict:
+        done["count"] += 1
+        return {}
+
+    n = args["jobs"]
+
+    async def run() -> dict:
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+            started = time.perf_counter()
+            for _ in range(n):
+                await noop.defer_async()
+            enqueued = time.perf_counter()
+            # wait=False: the worker returns once it finds the queue empty.
+            await app.run_worker_async(
+                concurrency=args["workers"], wait=False, install_signal_handlers=False
+            )
+            drained = time.perf_counter()
+            rows = await app.connector.execute_query_all_async(
+                "SELECT status, count(*) AS jobs FROM procrastinate_jobs GROUP BY status"
+            )
+        by_status = {row["status"]: row["jobs"] for row in rows}
+        if by_status != {"succeeded": n} or done["count"] != n:
+            raise RuntimeError(f"procrastinate drained {done['count']} of {n}: {by_status}")
+        return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+    return asyncio.run(run())
+
+
+CHILDREN = {
+    "pg_raw": raw_child,
+    "pg_runner": runner_child,
+    "pg_procrastinate": procrastinate_child,
+}
+
+
+def drain_by_processes(
+    url: str, household: int, workdir: Path, count: int, n: int, workers: int
+) -> float:
+    """Seconds for `count` `flask jobs work` processes to drain `n` jobs committed at once."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    logs = [workdir / f"pg-procs{count}-{i}.log" for i in range(count)]
+    processes = [worker_process(None, log, DATABASE_URL=url, JOB_WORKERS=workers) for log in logs]
+    try:
+        wait_until(
+            lambda: (
+                all("job pool started" in log.read_text() for log in logs)
+                or any(p.poll() is not None for p in processes)
+            ),
+            timeout=60,
+            what="worker processes ready",
+        )
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError("a worker exited:\n" + "\n".join(log.read_text() for log in logs))
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            with conn.transaction():
+                conn.execute(BULK_INSERT, (household, n))
+                conn.execute(NOTIFY)
+            started = time.perf_counter()
+            wait_until(lambda: not _active(conn), timeout=600, interval=0.002, what="drained")
+            drained = time.perf_counter()
+    finally:
+        stop_processes(processes)
+    return drained - started
