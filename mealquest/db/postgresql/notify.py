@@ -122,7 +122,8 @@ class Listener:
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stopped.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # a start cut short never ran it
+            self._thread.join(timeout)
 
     def _changed(self) -> None:
         self.count += 1

@@ -348,8 +348,11 @@ class PostgresStore:
         if not self.listen:
             return int(time.monotonic() / _POLL_ONLY_VERSION_SECONDS)
         if self._listener is None:
-            self._listener = Listener(self)
-            self._listener.start()
+            # Kept only once started: a kill between the two would leave a
+            # listener that `close` cannot join.
+            listener = Listener(self)
+            listener.start()
+            self._listener = listener
         return self._listener.count
 
     # -- lifecycle --------------------------------------------------------------
