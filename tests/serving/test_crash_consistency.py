@@ -74,7 +74,7 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
     def tagged() -> dict[str, str]:
         return {
             json.loads(row["payload"])["tag"]: job_id
-            for job_id, row in jobs_by_id(served.db_path).items()
+            for job_id, row in jobs_by_id(served.store).items()
         }
 
     for number, point in enumerate(POINTS, start=1):
@@ -99,9 +99,7 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
             assert point == "enqueued"  # the worker died before answering
         wait_until(lambda n=number: kills(server) >= n, DEADLINE, f"no worker died at {point}")
         job_id = tagged()[point]  # none lost, the unanswered enqueue included
-        wait_until(
-            lambda j=job_id: final_jobs(served.db_path, [j]), DEADLINE, f"{point}: not final"
-        )
+        wait_until(lambda j=job_id: final_jobs(served.store, [j]), DEADLINE, f"{point}: not final")
 
     ids = tagged()
     assert sorted(ids) == sorted(POINTS)
@@ -111,7 +109,7 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
     wait_until(
         lambda: server.log().count("job pool started") == 2 + len(POINTS), DEADLINE, "no respawn"
     )
-    rows = final_jobs(served.db_path, list(ids.values()))
+    rows = final_jobs(served.store, list(ids.values()))
     assert rows is not None
     assert kills(server) == len(POINTS)
     history = transitions(served.db_path)
