@@ -48,6 +48,8 @@ from tests.support.skew import HOST_NOW_HEADER, SKEW
 
 # Generous for a loaded machine: a test that passes never waits one out.
 DEADLINE = 120.0
+# Each test starts two gunicorn masters and waits on several such deadlines.
+pytestmark = pytest.mark.timeout(600)
 
 # Every status change, written by the database itself.
 _AUDIT = """
@@ -239,6 +241,18 @@ def database_now(served: Served) -> Any:
     return sql.scalar(served.store, "SELECT now()")
 
 
+def lease_owners(served: Served, job_ids: list[str]) -> dict[str, str]:
+    rows = jobs_by_id(served.store)
+    return {job_id: rows[job_id]["lease_owner"] for job_id in job_ids}
+
+
+def assert_still_held(served: Served, owners: dict[str, str]) -> None:
+    """Every job still running, under the lease it was claimed with."""
+    rows = jobs_by_id(served.store)
+    states = {job_id: (rows[job_id]["status"], rows[job_id]["lease_owner"]) for job_id in owners}
+    assert states == {job_id: ("running", owner) for job_id, owner in owners.items()}
+
+
 def test_a_host_whose_clock_is_5_minutes_ahead_steals_no_lease_and_delays_no_job(
     shared, hosts, gates, tmp_path
 ):
@@ -250,6 +264,7 @@ def test_a_host_whose_clock_is_5_minutes_ahead_steals_no_lease_and_delays_no_job
         for _ in range(4)
     ]
     wait_until(lambda: running_pids(shared.store, on_honest), DEADLINE, "not running")
+    honest_owners = lease_owners(shared, on_honest)
     ahead = hosts(shared, app="tests.support.skewed_app:app", **config)
     # The fake is in force in the skewed host's workers.
     answer = http("GET", f"{ahead.url}/healthz")
@@ -260,10 +275,15 @@ def test_a_host_whose_clock_is_5_minutes_ahead_steals_no_lease_and_delays_no_job
         enqueue(ahead.url, shared.token, "pid_gate", {"url": gates.url("held"), "log": str(log)})
         for _ in range(4)
     ]
-    pids = wait_until(lambda: running_pids(shared.store, on_ahead), DEADLINE, "not running")
+
+    def ahead_running() -> dict[str, int] | None:
+        assert_still_held(shared, honest_owners)  # the skewed host's rescues ran meanwhile
+        return running_pids(shared.store, on_ahead)
+
+    pids = wait_until(ahead_running, DEADLINE, "not running")
     assert set(pids.values()) <= pids_of(ahead)
     everything = on_honest + on_ahead
-    owners = {job_id: jobs_by_id(shared.store)[job_id]["lease_owner"] for job_id in everything}
+    owners = lease_owners(shared, everything)
 
     # Hold every job until well past the leases they were claimed with: by its
     # own clock the skewed host sees the honest host's leases 5 minutes
@@ -271,11 +291,7 @@ def test_a_host_whose_clock_is_5_minutes_ahead_steals_no_lease_and_delays_no_job
     since = database_now(shared)
 
     def held_past_their_first_leases() -> bool:
-        rows = jobs_by_id(shared.store)
-        states = {
-            job_id: (rows[job_id]["status"], rows[job_id]["lease_owner"]) for job_id in owners
-        }
-        assert states == {job_id: ("running", owner) for job_id, owner in owners.items()}
+        assert_still_held(shared, owners)
         elapsed = (database_now(shared) - since).total_seconds()
         return elapsed > LEASE_SECONDS + 4 * RESCUE_SECONDS
 
