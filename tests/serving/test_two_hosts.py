@@ -26,7 +26,7 @@ from mealquest.db.postgresql import migrate
 from mealquest.households import create_household
 from mealquest.store import StoreUnavailable
 from tests.serving.conftest import Served
-from tests.support import sql
+from tests.support import sql, transitions
 from tests.support.postgres import fresh_database, require_postgres_url
 from tests.support.private_postgres import PrivateServer
 from tests.support.processes import REPO
@@ -51,34 +51,13 @@ DEADLINE = 120.0
 # Each test starts two gunicorn masters and waits on several such deadlines.
 pytestmark = pytest.mark.timeout(600)
 
-# Every status change, written by the database itself.
-_AUDIT = """
-CREATE TABLE test_transitions (
-    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    job_id text NOT NULL, old text, new text NOT NULL, attempt integer NOT NULL
-);
-CREATE FUNCTION test_record_transition() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO test_transitions (job_id, old, new, attempt)
-        VALUES (NEW.id, NULL, NEW.status, NEW.attempt);
-    ELSIF NEW.status IS DISTINCT FROM OLD.status THEN
-        INSERT INTO test_transitions (job_id, old, new, attempt)
-        VALUES (NEW.id, OLD.status, NEW.status, NEW.attempt);
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER test_job_transition AFTER INSERT OR UPDATE OF status ON jobs
-FOR EACH ROW EXECUTE FUNCTION test_record_transition();
-"""
-
 
 def _served_on(url: str) -> Iterator[Served]:
     database = {"DATABASE_URL": url}
     store = open_test_store(database)
     try:
         token = create_household(store, "The Hosts").token
-        store.write(lambda tx: tx.execute(_AUDIT))
+        transitions.install(store, database)
         yield Served(database, token, store)
     finally:
         store.close()
@@ -117,21 +96,6 @@ def hosts(tmp_path: Path) -> Iterator[Callable[..., Gunicorn]]:
     yield start
     for server in reversed(started):
         server.stop()
-
-
-def transitions(served: Served) -> dict[str, list[tuple[str | None, str]]]:
-    by_job: dict[str, list[tuple[str | None, str]]] = {}
-    for row in sql.rows(served.store, "SELECT job_id, old, new FROM test_transitions ORDER BY seq"):
-        by_job.setdefault(row["job_id"], []).append((row["old"], row["new"]))
-    return by_job
-
-
-def assert_one_final_write_each(served: Served, job_ids: list[str]) -> None:
-    history = transitions(served)
-    for job_id in job_ids:
-        finals = [new for _, new in history[job_id] if new in ("succeeded", "failed")]
-        assert len(finals) == 1, (job_id, history[job_id])
-        assert all(old not in ("succeeded", "failed") for old, _ in history[job_id])
 
 
 def runs(log: Path, event: str | None = None) -> Counter[str]:
@@ -185,7 +149,7 @@ def test_two_hosts_drain_2000_jobs_enqueued_through_both_each_exactly_once(share
     assert ran_in & workers["second"], (ran_in, workers)
     assert ran_in <= workers["first"] | workers["second"]
     assert {"first": pids_of(first), "second": pids_of(second)} == workers
-    assert_one_final_write_each(shared, everything)
+    transitions.assert_one_final_state_each(shared.store, everything)
 
 
 # -- one host killed whole --------------------------------------------------------------------
@@ -230,7 +194,7 @@ def test_a_host_sigkilled_whole_leaves_every_job_to_the_other(shared, hosts, gat
     assert runs(log, "start") == Counter(on_victim) + Counter(retried) + Counter(on_survivor)
     assert runs(log, "end") == Counter(retried + on_survivor)
     assert not [row for row in jobs_by_id(shared.store).values() if row["status"] == "running"]
-    assert_one_final_write_each(shared, everything)
+    transitions.assert_one_final_state_each(shared.store, everything)
     assert pids_of(survivor) == survivors  # no worker of the survivor died
 
 
@@ -307,7 +271,7 @@ def test_a_host_whose_clock_is_5_minutes_ahead_steals_no_lease_and_delays_no_job
     assert {row["status"] for row in rows.values()} == {"succeeded"}
     for row in rows.values():
         assert row["run_at"] <= row["started_at"] <= database_now(shared)
-    assert_one_final_write_each(shared, everything + quick)
+    transitions.assert_one_final_state_each(shared.store, everything + quick)
 
 
 # -- the database restarted under load ---------------------------------------------------------
@@ -346,7 +310,15 @@ def test_the_database_restarted_under_load_is_503_while_down_and_recovers_by_its
     private, private_server, hosts, tmp_path
 ):
     log = tmp_path / "runs.log"
-    first, second = hosts(private), hosts(private)
+    # A lease longer than the outage: a job that finished while the database
+    # was down keeps it (its final write is retried), so it is not rescued as
+    # interrupted. (A lease shorter than an outage ends like a dead process.)
+    outlasting = {
+        "JOB_LEASE_SECONDS": 30.0,
+        "JOB_HEARTBEAT_SECONDS": 1.0,
+        "JOB_RESCUE_SECONDS": 1.0,
+    }
+    first, second = hosts(private, **outlasting), hosts(private, **outlasting)
     workers = pids_of(first) | pids_of(second)
     accepted: list[str] = []
     statuses: Counter[int] = Counter()
