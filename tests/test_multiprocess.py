@@ -1,4 +1,5 @@
-"""Several real OS processes, each with its own pool, on one database file."""
+"""Several real OS processes, each with its own pool, on one database (an SQLite
+file, or a PostgreSQL database the processes reach by its URL)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 from mealquest.clock import seconds, to_text, utc_now
 from mealquest.jobs.model import Status
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.processes import Process, flask_jobs_work, process_group, wait_working
+
+pytestmark = pytest.mark.both_databases
 
 # Short maintenance intervals so expiries happen within a test; the lease is
 # eight heartbeats long, so a loaded machine delaying one does not lose it.
@@ -34,11 +38,11 @@ def processes():
 
 
 @pytest.fixture
-def start_worker(db_path, processes):
+def start_worker(database, processes):
     """A `flask jobs work` process, returned once SIGTERM would stop it gracefully."""
 
     def start(*, wait: bool = True, **config: object) -> Process:
-        worker = flask_jobs_work(db_path, **{**FAST, **config})
+        worker = flask_jobs_work(database, **{**FAST, **config})
         processes.append(worker)
         if wait:
             wait_working(worker)
@@ -54,10 +58,8 @@ def test_flask_jobs_work_runs_its_pool_monkey_patched(start_worker):
 
 
 def status_counts(store) -> dict[str, int]:
-    rows = store.read(
-        lambda conn: conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
-    )
-    return {row[0]: row[1] for row in rows}
+    rows = sql.rows(store, "SELECT status, count(*) AS n FROM jobs GROUP BY status")
+    return {row["status"]: row["n"] for row in rows}
 
 
 def test_several_processes_drain_2000_jobs_each_exactly_once(

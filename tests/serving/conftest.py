@@ -1,5 +1,6 @@
-"""Fixtures for the serving tests: a migrated database file with a household,
-and factories for real gunicorn and nginx processes, all stopped by pid."""
+"""Fixtures for the serving tests: a migrated database (an SQLite file, or a
+PostgreSQL database in modules marked `both_databases`) with a household, and
+factories for real gunicorn and nginx processes, all stopped by pid."""
 
 from __future__ import annotations
 
@@ -10,25 +11,34 @@ from typing import Any
 
 import pytest
 
+from mealquest.db.driver import Store
 from mealquest.households import create_household
-from mealquest.store import Store
-from tests.support.servers import Gunicorn, Nginx, Process, serving_env
+from tests.support.servers import Gunicorn, Nginx, Process, open_test_store, serving_env
 
 
 @dataclass(frozen=True)
 class Served:
-    db_path: str
+    """The served database (as the `database` fixture names it), a household's
+    token, and a store on the database for the test to read what servers wrote."""
+
+    database: dict[str, Any]
     token: str
+    store: Store
+
+    @property
+    def db_path(self) -> str:
+        """The SQLite file, for a test of SQLite only."""
+        return self.database["DATABASE"]
 
 
 @pytest.fixture
-def served(db_path: str) -> Served:
-    store = Store(db_path)
+def served(database: dict[str, Any]) -> Iterator[Served]:
+    store = open_test_store(database)
     try:
         token = create_household(store, "The Servers").token
+        yield Served(database, token, store)
     finally:
         store.close()
-    return Served(db_path, token)
 
 
 @pytest.fixture
@@ -48,7 +58,7 @@ def start_gunicorn(
         *, ready: bool = True, config: dict[str, Any] | None = None, **options: Any
     ) -> Gunicorn:
         log = tmp_path / f"gunicorn-{len(processes)}.log"
-        server = Gunicorn(log, serving_env(served.db_path, **(config or {})), **options)
+        server = Gunicorn(log, serving_env(served.database, **(config or {})), **options)
         processes.append(server)
         if ready:
             server.wait_ready(pools=(config or {}).get("JOB_POOL_IN_WEB", True))

@@ -2,35 +2,22 @@
 
 The worker kills itself at the chosen point (the test app's `crash` kind and
 its enqueue route), so the point is exact. A trigger installed in the test
-database records every status change, which is how "no job ends in two
-final states" is checked rather than inferred from the last state alone.
+database (SQLite or PostgreSQL) records every status change, which is how
+"no job ends in two final states" is checked rather than inferred from the
+last state alone.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from http.client import RemoteDisconnected
 
 import pytest
 
+from tests.support import transitions
 from tests.support.servers import final_jobs, http, jobs_by_id, wait_until
 
-_TRANSITIONS = """
-CREATE TABLE test_transitions (
-    seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL, old TEXT, new TEXT NOT NULL,
-    attempt INTEGER NOT NULL
-);
-CREATE TRIGGER test_job_enqueued AFTER INSERT ON jobs BEGIN
-    INSERT INTO test_transitions (job_id, old, new, attempt)
-    VALUES (NEW.id, NULL, NEW.status, NEW.attempt);
-END;
-CREATE TRIGGER test_job_transition AFTER UPDATE OF status ON jobs
-WHEN NEW.status IS NOT OLD.status BEGIN
-    INSERT INTO test_transitions (job_id, old, new, attempt)
-    VALUES (NEW.id, OLD.status, NEW.status, NEW.attempt);
-END;
-"""
+pytestmark = pytest.mark.both_databases
 
 # Where the worker dies: right after the enqueue commits (in the route),
 # after the claim, after a partial result is published, after the handler's
@@ -40,29 +27,13 @@ POINTS = ("enqueued", "claimed", "published", "returning", "finished")
 DEADLINE = 60.0
 
 
-def transitions(db_path: str) -> dict[str, list[tuple[str | None, str, int]]]:
-    conn = sqlite3.connect(db_path, timeout=5)
-    try:
-        rows = conn.execute("SELECT job_id, old, new, attempt FROM test_transitions ORDER BY seq")
-        by_job: dict[str, list[tuple[str | None, str, int]]] = {}
-        for job_id, old, new, attempt in rows:
-            by_job.setdefault(job_id, []).append((old, new, attempt))
-        return by_job
-    finally:
-        conn.close()
-
-
 def kills(server) -> int:
     return server.log().count("was sent SIGKILL")
 
 
 @pytest.fixture
 def audited(served):
-    conn = sqlite3.connect(served.db_path)
-    try:
-        conn.executescript(_TRANSITIONS)
-    finally:
-        conn.close()
+    transitions.install(served.store, served.database)
     return served
 
 
@@ -74,7 +45,7 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
     def tagged() -> dict[str, str]:
         return {
             json.loads(row["payload"])["tag"]: job_id
-            for job_id, row in jobs_by_id(served.db_path).items()
+            for job_id, row in jobs_by_id(served.store).items()
         }
 
     for number, point in enumerate(POINTS, start=1):
@@ -99,9 +70,7 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
             assert point == "enqueued"  # the worker died before answering
         wait_until(lambda n=number: kills(server) >= n, DEADLINE, f"no worker died at {point}")
         job_id = tagged()[point]  # none lost, the unanswered enqueue included
-        wait_until(
-            lambda j=job_id: final_jobs(served.db_path, [j]), DEADLINE, f"{point}: not final"
-        )
+        wait_until(lambda j=job_id: final_jobs(served.store, [j]), DEADLINE, f"{point}: not final")
 
     ids = tagged()
     assert sorted(ids) == sorted(POINTS)
@@ -111,10 +80,10 @@ def test_a_worker_killed_at_each_state_change_loses_no_job(audited, start_gunico
     wait_until(
         lambda: server.log().count("job pool started") == 2 + len(POINTS), DEADLINE, "no respawn"
     )
-    rows = final_jobs(served.db_path, list(ids.values()))
+    rows = final_jobs(served.store, list(ids.values()))
     assert rows is not None
     assert kills(server) == len(POINTS)
-    history = transitions(served.db_path)
+    history = transitions.history(served.store)
     for point, job_id in ids.items():
         row = rows[job_id]
         assert row["status"] == "succeeded", (point, dict(row))

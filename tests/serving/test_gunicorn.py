@@ -1,7 +1,7 @@
 """The service under real gunicorn with gevent workers and the real gunicorn.conf.py.
 
 Jobs are enqueued over HTTP (the test app's /api/v1/test-jobs) and their
-outcome read from the database file. Every wait is on a condition with a
+outcome read from the database (an SQLite file, or PostgreSQL). Every wait is on a condition with a
 deadline; no test asserts how long anything took.
 """
 
@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from mealquest.clock import seconds, utc_now
 from tests.support.servers import (
@@ -27,10 +29,13 @@ from tests.support.servers import (
     job,
     jobs_by_id,
     partial_pid,
+    running_pids,
     serving_env,
     wait_until,
 )
 from tests.support.serving_app import WORKER_PID_HEADER
+
+pytestmark = pytest.mark.both_databases
 
 # Deadlines, generous for a loaded machine: a test that passes never waits one out.
 DEADLINE = 60.0
@@ -55,7 +60,7 @@ def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn):
 
     def pids_that_ran_jobs() -> set[int]:
         ids.extend(enqueue(server.url, served.token, "pid", {}) for _ in range(4))
-        rows = final_jobs(served.db_path, ids) or {}
+        rows = final_jobs(served.store, ids) or {}
         return {json.loads(row["result"])["pid"] for row in rows.values()}
 
     wait_until(
@@ -63,7 +68,7 @@ def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn):
         DEADLINE,
         "jobs did not run in both gunicorn workers",
     )
-    rows = wait_until(lambda: final_jobs(served.db_path, ids), DEADLINE, "jobs did not finish")
+    rows = wait_until(lambda: final_jobs(served.store, ids), DEADLINE, "jobs did not finish")
     assert {row["status"] for row in rows.values()} == {"succeeded"}
 
 
@@ -78,7 +83,7 @@ def test_the_pool_runs_monkey_patched_socket_io_does_not_block_requests(served, 
         job_id = enqueue(server.url, served.token, "socket_io", {"port": slow.port})
         wait_until(slow.connected.is_set, DEADLINE, "the job did not connect to the slow server")
         runner = wait_until(
-            lambda: partial_pid(served.db_path, job_id), DEADLINE, "the job did not publish its pid"
+            lambda: partial_pid(served.store, job_id), DEADLINE, "the job did not publish its pid"
         )
         answered_by: list[int] = []
 
@@ -98,16 +103,10 @@ def test_the_pool_runs_monkey_patched_socket_io_does_not_block_requests(served, 
         assert not slow.release.is_set()
         slow.release.set()
         row = wait_until(
-            lambda: final_jobs(served.db_path, [job_id]), DEADLINE, "the socket job did not finish"
+            lambda: final_jobs(served.store, [job_id]), DEADLINE, "the socket job did not finish"
         )[job_id]
     assert row["status"] == "succeeded"
     assert json.loads(row["result"]) == {"pid": runner, "received": len(slow.reply)}
-
-
-def running_pids(db_path: str, job_ids: list[str]) -> dict[str, int] | None:
-    """Which process runs each job, once every one of them runs."""
-    pids = {job_id: partial_pid(db_path, job_id) for job_id in job_ids}
-    return pids if all(pids.values()) else None  # type: ignore[return-value]
 
 
 def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
@@ -130,7 +129,7 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
     # Seven jobs held at once in eight slots: the victim's worker runs at
     # least two of the others, which its death interrupts too.
     pids = wait_until(
-        lambda: running_pids(served.db_path, [victim, *others]), DEADLINE, "jobs not running"
+        lambda: running_pids(served.store, [victim, *others]), DEADLINE, "jobs not running"
     )
     killed = pids[victim]
     bystanders = [job_id for job_id in others if pids[job_id] == killed]
@@ -147,13 +146,13 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
     assert len(set(server.worker_pids()) - before) == 1
     # The lease expires, then some pool's rescuer (every RESCUE_SECONDS) takes it back.
     row = wait_until(
-        lambda: final_jobs(served.db_path, [victim]),
+        lambda: final_jobs(served.store, [victim]),
         DEADLINE,
         "the killed worker's job was not rescued",
     )[victim]
     assert (row["status"], row["error"]) == ("failed", "interrupted by restart")
     rows = wait_until(
-        lambda: final_jobs(served.db_path, others), DEADLINE, "other jobs did not finish"
+        lambda: final_jobs(served.store, others), DEADLINE, "other jobs did not finish"
     )
     assert {row["status"] for row in rows.values()} == {"succeeded"}
     # The bystanders ran again elsewhere; the others ran once, where they started.
@@ -172,7 +171,7 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
     long = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("long")})
     long_retried = enqueue(server.url, served.token, "pid_gate_retried", {"url": gates.url("long")})
     wait_until(
-        lambda: running_pids(served.db_path, [short, long, long_retried]),
+        lambda: running_pids(served.store, [short, long, long_retried]),
         DEADLINE,
         "jobs not running",
     )
@@ -185,14 +184,14 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
     gates.open("short")
     assert server.wait(timeout=server.graceful_timeout + DEADLINE) == 0, server.log()
 
-    assert job(served.db_path, short)["status"] == "succeeded"  # finished within the grace
-    assert (job(served.db_path, long)["status"], job(served.db_path, long)["error"]) == (
+    assert job(served.store, short)["status"] == "succeeded"  # finished within the grace
+    assert (job(served.store, long)["status"], job(served.store, long)["error"]) == (
         "failed",
         "interrupted by restart",
     )
     # Its kind re-queues interrupted jobs with the attempt refunded: a deploy
     # is not the job's failure.
-    requeued = job(served.db_path, long_retried)
+    requeued = job(served.store, long_retried)
     assert (
         requeued["status"],
         requeued["attempt"],
@@ -237,7 +236,7 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     held_since = utc_now()
 
     def held_for_a_lease() -> bool:
-        rows = jobs_by_id(served.db_path)
+        rows = jobs_by_id(served.store)
         states = {job_id: (rows[job_id]["status"], rows[job_id]["attempt"]) for job_id in ids}
         assert set(states.values()) == {("running", 1)}, states
         return utc_now() > held_since + seconds(LEASE_SECONDS + 2 * RESCUE_SECONDS)
@@ -248,7 +247,7 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     assert "Hang up" in server.log()
     gates.open("held")
 
-    rows = wait_until(lambda: final_jobs(served.db_path, ids), DEADLINE, "jobs did not finish")
+    rows = wait_until(lambda: final_jobs(served.store, ids), DEADLINE, "jobs did not finish")
     assert {job_id: row["status"] for job_id, row in rows.items()} == dict.fromkeys(
         ids, "succeeded"
     )
@@ -267,13 +266,13 @@ def test_web_only_workers_leave_jobs_to_flask_jobs_work(
 ):
     server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False})
     job_id = enqueue(server.url, served.token, "pid", {})
-    env = serving_env(served.db_path)
+    env = serving_env(served.database)
     env["FLASK_APP"] = "tests.support.serving_app"
     worker = Process([str(BIN / "flask"), "jobs", "work"], env, tmp_path / "work.log")
     processes.append(worker)
 
     row = wait_until(
-        lambda: final_jobs(served.db_path, [job_id]),
+        lambda: final_jobs(served.store, [job_id]),
         DEADLINE,
         "flask jobs work did not run the job",
     )[job_id]

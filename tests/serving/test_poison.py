@@ -10,7 +10,11 @@ down one worker after another forever. (Innocent jobs of a killed worker:
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.servers import enqueue, final_jobs, wait_until
+
+pytestmark = pytest.mark.both_databases
 
 DEADLINE = 120.0
 # gunicorn kills the blocked worker before its lease can expire (gunicorn.conf.py).
@@ -31,7 +35,7 @@ def test_a_poison_pill_fails_at_its_third_interruption(served, start_gunicorn):
         extra_args=("--timeout", str(TIMEOUT_SECONDS)),
     )
     pill = enqueue(server.url, served.token, "hog", {})
-    row = wait_until(lambda: final_jobs(served.db_path, [pill]), DEADLINE, "the pill never ended")
+    row = wait_until(lambda: final_jobs(served.store, [pill]), DEADLINE, "the pill never ended")
     assert (row[pill]["status"], row[pill]["error"]) == ("failed", "interrupted by restart")
     # Three interruptions, none of which spent an attempt.
     assert (row[pill]["attempt"], row[pill]["interruptions"]) == (1, 3)

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support import servers
 from tests.support.give_up import REASON
 from tests.support.servers import enqueue, final_jobs, http, wait_until
+
+pytestmark = pytest.mark.both_databases
 
 
 def test_a_worker_whose_pool_cannot_go_on_is_drained_and_replaced(
@@ -28,7 +32,7 @@ def test_a_worker_whose_pool_cannot_go_on_is_drained_and_replaced(
         return len(pids) == 1 and pids[0] != first
 
     wait_until(replaced, 30, "the worker was not replaced")
-    row = wait_until(lambda: final_jobs(served.db_path, [job_id]), 10, "the job did not finish")
+    row = wait_until(lambda: final_jobs(served.store, [job_id]), 10, "the job did not finish")
     assert (row[job_id]["status"], json.loads(row[job_id]["result"])) == ("succeeded", {})
     # Stopped like a SIGTERMed worker: its pool drained, then it exited.
     log = server.log()

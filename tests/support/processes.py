@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import gevent
 
@@ -99,9 +100,16 @@ def wait_working(process: Process, timeout: float = 60.0) -> None:
         gevent.sleep(0.02)
 
 
-def flask_jobs_work(db_path: str, **config: object) -> Process:
-    """A `flask jobs work` process with the test kinds, configured by MEALQUEST_* variables."""
-    env = {"MEALQUEST_DATABASE": db_path}
+def database_env(database: Mapping[str, Any]) -> dict[str, str]:
+    """The MEALQUEST_* variables that point a process at `database` (the
+    `database` fixture's mapping: a PostgreSQL URL or an SQLite file)."""
+    return {f"MEALQUEST_{key}": str(value) for key, value in database.items()}
+
+
+def flask_jobs_work(database: Mapping[str, Any], **config: object) -> Process:
+    """A `flask jobs work` process with the test kinds, on `database`, configured
+    by MEALQUEST_* variables."""
+    env = database_env(database)
     env.update({f"MEALQUEST_{key}": str(value) for key, value in config.items()})
     flask = [sys.executable, "-m", "flask", "--app", "tests.support.worker_app", "jobs", "work"]
     return Process(flask, env)

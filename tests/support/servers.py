@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -25,6 +24,11 @@ from dataclasses import dataclass
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
+
+from mealquest.config import DEFAULTS
+from mealquest.db import open_store
+from mealquest.db.driver import Store
+from tests.support import sql
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -112,32 +116,42 @@ def enqueue(base_url: str, token: str, kind: str, payload: Mapping[str, Any]) ->
     return answer.json["id"]
 
 
-# -- the database, read directly ------------------------------------------------------
+# -- the database, read by the test ---------------------------------------------------
+
+JobRow = dict[str, Any]
 
 
-def jobs_by_id(db_path: str) -> dict[str, sqlite3.Row]:
-    conn = sqlite3.connect(db_path, timeout=5)
-    conn.row_factory = sqlite3.Row
-    try:
-        return {row["id"]: row for row in conn.execute("SELECT * FROM jobs")}
-    finally:
-        conn.close()
+def open_test_store(database: Mapping[str, Any]) -> Store:
+    """A store on the served database (the `database` fixture's mapping), for
+    the test process to read what the servers wrote and to set things up."""
+    return open_store({**DEFAULTS, **database})
 
 
-def job(db_path: str, job_id: str) -> sqlite3.Row:
-    return jobs_by_id(db_path)[job_id]
+def jobs_by_id(store: Store) -> dict[str, JobRow]:
+    return {row["id"]: row for row in sql.rows(store, "SELECT * FROM jobs")}
 
 
-def partial_pid(db_path: str, job_id: str) -> int | None:
+def job(store: Store, job_id: str) -> JobRow:
+    [row] = sql.rows(store, "SELECT * FROM jobs WHERE id = ?", (job_id,))
+    return row
+
+
+def partial_pid(store: Store, job_id: str) -> int | None:
     """The pid a running job published (the serving kinds publish it first)."""
-    row = job(db_path, job_id)
+    row = job(store, job_id)
     if row["status"] != "running" or row["result"] is None:
         return None
     return json.loads(row["result"])["pid"]
 
 
-def final_jobs(db_path: str, job_ids: list[str]) -> dict[str, sqlite3.Row] | None:
-    rows = jobs_by_id(db_path)
+def running_pids(store: Store, job_ids: list[str]) -> dict[str, int] | None:
+    """Which process runs each job, once every one of them runs."""
+    pids = {job_id: partial_pid(store, job_id) for job_id in job_ids}
+    return pids if all(pids.values()) else None  # type: ignore[return-value]
+
+
+def final_jobs(store: Store, job_ids: list[str]) -> dict[str, JobRow] | None:
+    rows = jobs_by_id(store)
     if all(rows[job_id]["status"] in FINAL for job_id in job_ids):
         return {job_id: rows[job_id] for job_id in job_ids}
     return None
@@ -194,12 +208,15 @@ class Process:
         self._log.close()
 
 
-def serving_env(db_path: str, **config: Any) -> dict[str, str]:
-    """The environment of a served process: ours, without any MEALQUEST_/GUNICORN_ of the caller."""
+def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, str]:
+    """The environment of a served process: ours, without any MEALQUEST_/GUNICORN_ of the
+    caller, on `database` (an SQLite file, or the `database` fixture's mapping)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEALQUEST_", "GUNICORN_"))}
+    if isinstance(database, str):
+        database = {"DATABASE": database}
+    env.update({f"MEALQUEST_{key}": str(value) for key, value in database.items()})
     env.update(
         {
-            "MEALQUEST_DATABASE": db_path,
             "MEALQUEST_JOB_LEASE_SECONDS": str(LEASE_SECONDS),
             "MEALQUEST_JOB_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
             "MEALQUEST_JOB_RESCUE_SECONDS": str(RESCUE_SECONDS),
@@ -223,6 +240,7 @@ class Gunicorn(Process):
         workers: int = 2,
         graceful_timeout: float = 4,
         extra_args: tuple[str, ...] = (),
+        app: str | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -239,7 +257,7 @@ class Gunicorn(Process):
             "--graceful-timeout",
             str(graceful_timeout),
             *extra_args,
-            APP,
+            app or APP,
         ]
         super().__init__(args, env, log_path)
 
