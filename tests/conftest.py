@@ -37,8 +37,11 @@ FAST_POOL = {
 }
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
-    """Poll `condition` cooperatively (greenlets run meanwhile) until truthy or the deadline."""
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.01) -> Any:
+    """Poll `condition` cooperatively (greenlets run meanwhile) until truthy or the deadline.
+
+    The deadline is generous: a loaded machine may take seconds to start a
+    connection or a process, and a passing test never waits it out."""
     deadline = gevent.get_hub().loop.now() + timeout
     while True:
         value = condition()

@@ -123,14 +123,17 @@ def test_two_upgrades_at_once_take_turns_and_apply_each_file_once(empty_url, dir
         threads = [threading.Thread(target=upgrade) for _ in range(2)]
         for thread in threads:
             thread.start()
-        wait_for(
-            lambda: (
-                holder.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                ).fetchone()[0]
-                == 2
-            )
-        )
+
+        def both_wait() -> bool:
+            assert not outcomes, outcomes  # neither may get past the lock, nor fail
+            waiting = holder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()[0]
+            return waiting == 2
+
+        # A deadline for connecting on a loaded machine; never waited out by a pass.
+        wait_for(both_wait, timeout=60)
         holder.execute("SELECT pg_advisory_unlock(%s)", (migrate.LOCK_KEY,))
         for thread in threads:
             thread.join(30)
