@@ -125,14 +125,14 @@ class Completer:
             if batch:
                 self._record_batch(batch)
 
-    def _record_batch(self, batch: list[_Pending]) -> None:
+    def _record_batch(self, batch: list[_Pending], *, claim_next: bool = True) -> None:
         running = self.executor.running
         finishing = sum(
             1
             for pending in batch
             if (entry := running.get(pending.lease)) is not None and entry.recording
         )
-        limit = max(0, self.executor.free_slots() + finishing)
+        limit = max(0, self.executor.free_slots() + finishing) if claim_next else 0
         claim = self._next_claim(limit) if limit else None
         claim_values = claim.values if claim else None
         claimed_at = time.monotonic()
@@ -147,12 +147,13 @@ class Completer:
                     pending.recorded.set_exception(error)
                 return
             except Exception as error:
-                if len(batch) == 1:
+                if len(batch) == 1 and claim is None:
                     batch[0].recorded.set_exception(error)
                     return
                 # One outcome's failure must not cost the others theirs: one by one.
+                # Without the claim, which may be what failed.
                 for pending in batch:
-                    self._record_batch([pending])
+                    self._record_batch([pending], claim_next=False)
                 return
             for pending, matched in zip(batch, recorded, strict=True):
                 pending.recorded.set(matched)

@@ -181,6 +181,14 @@ class Executor:
             yield
         finally:
             self._reserved -= slots
+            if slots:
+                # A claim that took fewer jobs than it reserved leaves slots
+                # free that no ending greenlet will announce.
+                self.slot_freed.set()
+
+    def claims_in_flight(self) -> bool:
+        """Whether a claim has reserved slots and not yet handed out its jobs."""
+        return self._reserved > 0
 
     def greenlets(self) -> list[Greenlet]:
         return list(self._slots)
@@ -231,7 +239,9 @@ class Executor:
         extra = entry.extra
         if not self._earlier_attempts_ended(entry):
             logger.error("an earlier attempt's handler is still alive; job put back", extra=extra)
-            outcome = Outcome(Status.QUEUED, Attempt.REFUND)
+            outcome = Outcome(
+                Status.QUEUED, Attempt.REFUND, delay_seconds=self.settings.kill_grace_seconds
+            )
             entry.recording = True
             assert self.completer is not None
             self.completer.record(entry.lease, outcome, extra)

@@ -94,7 +94,9 @@ class Heartbeat:
         for entry in entries:
             if (entry.lease.job_id, entry.lease.attempt) in renewed:
                 entry.lease_deadline = started + self.settings.lease_seconds
-            elif self.executor.running.get(entry.lease) is entry:
+            elif self.executor.running.get(entry.lease) is entry and not entry.recording:
+                # (A handler that returned is only waiting for its write,
+                # which the fence will refuse: nothing to stop.)
                 lost += 1
                 logger.warning("job lost its lease; stopping its handler", extra=entry.extra)
                 self.executor.take(entry, "lease lost", LeaseLost)

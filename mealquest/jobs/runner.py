@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["JobContext", "Pool", "PoolSettings", "StopReport"]
 
 OnFatal = Callable[[str], None]
+
+# How long a stopping pool waits for a claim already in flight to hand out its jobs.
+_CLAIMS_SETTLE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,10 @@ class Pool:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
         self.producer.wake()
 
-    def stop(self, timeout: float) -> StopReport:
+    def stop(self, timeout: float, *, kill_grace: float | None = None) -> StopReport:
         """Stop claiming, let running jobs finish for up to `timeout` seconds, then
-        stop the rest and record them as interrupted before returning.
+        stop the rest, give them `kill_grace` seconds (the setting's by default)
+        to die, and record them as interrupted before returning.
 
         A handler that will not die even then is recorded failed `interrupted
         by restart` (re-queued, it would run beside the live greenlet) and
@@ -141,16 +146,30 @@ class Pool:
             return StopReport()
         self._stopping = True
         self.producer.stop()
+        # Jobs a claim in flight hands out join `running` (or go back) before
+        # the claim's reservation ends: wait for that, so none starts unseen.
+        settled = time.monotonic() + _CLAIMS_SETTLE_SECONDS
+        while self.executor.claims_in_flight() and time.monotonic() < settled:
+            gevent.sleep(0.01)
         entries = [e for e in self.executor.running.values() if not e.abandoned]
         gevent.joinall([e.greenlet for e in entries if e.greenlet], timeout=timeout)
         left = [e for e in entries if e.alive()]
+        # A handler that has returned is only waiting for its outcome's write:
+        # it is let finish, since killing it could put an interruption ahead
+        # of its success.
         for entry in left:
-            self.executor.take(entry, STOPPING, PoolStopping)
-        gevent.joinall(
-            [e.greenlet for e in left if e.greenlet], timeout=self.settings.kill_grace_seconds
-        )
+            if not entry.recording:
+                self.executor.take(entry, STOPPING, PoolStopping)
+        grace = self.settings.kill_grace_seconds if kill_grace is None else kill_grace
+        gevent.joinall([e.greenlet for e in left if e.greenlet], timeout=grace)
         stopped = [e for e in left if not e.alive() and e.taken == STOPPING]
-        hung = [e for e in left if e.alive()]
+        hung = [e for e in left if e.alive() and not e.recording]
+        for entry in left:
+            if entry.alive() and entry.recording:
+                logger.warning(
+                    "job's outcome not written before the stop; its lease will expire",
+                    extra=entry.extra,
+                )
         for entry in hung:
             entry.abandoned = True
             logger.error("handler will not die: it ignored the stop", extra=entry.extra)
@@ -209,10 +228,10 @@ class Pool:
             self.on_fatal(reason)
 
     def _hung(self, entry: Running, reason: str) -> None:
-        try:
-            record_hung(self.executor, entry)
-        finally:
-            self.fatal(f"a handler will not die (job {entry.job.id}, kind {entry.job.kind})")
+        # The restart first; the record in a greenlet of its own, since it may
+        # wait on the database and the watchdog has other handlers to watch.
+        self.fatal(f"a handler will not die (job {entry.job.id}, kind {entry.job.kind})")
+        gevent.spawn(record_hung, self.executor, entry)
 
     # -- maintenance ------------------------------------------------------------
 

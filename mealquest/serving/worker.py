@@ -48,8 +48,10 @@ from mealquest.store import StoreError
 
 logger = logging.getLogger(__name__)
 
-# Kept back from gunicorn's graceful timeout for killing what is still running,
-# recording it, and exiting before the master's SIGKILL.
+# At most this share of the graceful timeout goes to handlers stopped at its end.
+_KILL_GRACE_SHARE = 0.2
+# Kept back from gunicorn's graceful timeout for recording what had to be
+# stopped, and exiting before the master's SIGKILL.
 STOP_MARGIN_SECONDS = 1.0
 # How often the watcher looks at `worker.alive` (a Python attribute: no I/O).
 _WATCH_SECONDS = 0.1
@@ -124,10 +126,13 @@ def _begin_stop(worker: Any, *, quick: bool) -> None:
     if current is None or current.stopper is not None:
         return
     budget = min(float(worker.cfg.graceful_timeout), float(worker.cfg.timeout))
-    timeout = 0.0 if quick else max(0.0, budget - STOP_MARGIN_SECONDS)
-    current.deadline = time.monotonic() + timeout + STOP_MARGIN_SECONDS
+    # The stop's kill grace and its record must fit in the budget too, or the
+    # master's SIGKILL comes before the stopped jobs are recorded.
+    grace = min(current.pool.settings.kill_grace_seconds, budget * _KILL_GRACE_SHARE)
+    timeout = 0.0 if quick else max(0.0, budget - STOP_MARGIN_SECONDS - grace)
+    current.deadline = time.monotonic() + timeout + grace + STOP_MARGIN_SECONDS
     logger.info("worker stopping: running jobs get up to %.1fs to finish", timeout)
-    current.stopper = gevent.spawn(current.pool.stop, timeout)
+    current.stopper = gevent.spawn(current.pool.stop, timeout, kill_grace=grace)
 
 
 def stop_worker(worker: Any) -> StopReport | None:

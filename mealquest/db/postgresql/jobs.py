@@ -160,7 +160,12 @@ def publish(tx: PostgresTransaction, lease: Lease, *, result: str) -> bool:
 
 
 def owns(tx: PostgresTransaction, lease: Lease) -> bool:
-    row = tx.execute(f"SELECT 1 FROM jobs WHERE {_FENCE}", _fence(lease)).fetchone()
+    """Whether the lease still holds, keeping it held until `tx` ends: the row
+    lock makes a rescuer's update wait for the handler's fenced write, as
+    SQLite's one writer does, instead of slipping in between."""
+    row = tx.execute(
+        f"SELECT 1 FROM jobs WHERE {_FENCE} FOR NO KEY UPDATE", _fence(lease)
+    ).fetchone()
     return row is not None
 
 
