@@ -6,13 +6,13 @@ Each command is a thin wrapper around a plain function of its module.
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
 from mealquest import households, migrations
+from mealquest.db import driver_errors
 from mealquest.db.driver import Store
 from mealquest.extensions import get_store
 from mealquest.store import StoreError
@@ -41,7 +41,7 @@ def _migrated_store() -> Store:
         migrations.require_migrated(store)
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (sqlite3.Error, StoreError) as error:
+    except (StoreError, *driver_errors()) as error:
         raise _database_error(error) from None
     return store
 
@@ -58,14 +58,14 @@ def db_upgrade() -> None:
         applied = get_store().upgrade()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (sqlite3.Error, StoreError) as error:
+    except (StoreError, *driver_errors()) as error:
         raise _database_error(error) from None
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
     try:
         ledger = get_store().migration_status()
-    except (migrations.MigrationError, sqlite3.Error, StoreError):
+    except (migrations.MigrationError, StoreError, *driver_errors()):
         return  # nothing more to say than what was applied
     _echo_unknown(ledger)
 
@@ -77,7 +77,7 @@ def db_status() -> None:
         ledger = get_store().migration_status()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (sqlite3.Error, StoreError) as error:
+    except (StoreError, *driver_errors()) as error:
         raise _database_error(error) from None
     for state in ledger.states:
         when = f"applied {state.applied_at}" if state.applied else "pending"

@@ -9,13 +9,13 @@ process (the code's migrations do not change while it runs).
 from __future__ import annotations
 
 import logging
-import sqlite3
 from typing import Any
 
 from flask import Blueprint, Response
 from marshmallow import Schema, fields
 
 from mealquest import migrations
+from mealquest.db import driver_errors
 from mealquest.errors import error_response, unavailable_response
 from mealquest.extensions import get_store
 from mealquest.openapi import operation
@@ -46,7 +46,8 @@ def healthz() -> tuple[Response, int] | dict[str, Any]:
         if isinstance(error, StoreBusy):
             logger.warning("health check failed: %s", type(error).__name__)
         return unavailable_response(error)
-    except (StoreError, sqlite3.Error, migrations.MigrationError) as error:
+    except (StoreError, migrations.MigrationError, *driver_errors()) as error:
+        # (A driver's own error text may quote its server or the statement: the type only.)
         logger.warning("health check failed: %s", type(error).__name__)
         return error_response(503, "unavailable", "the database is not available")
     return _health_schema.dump({})

@@ -4,6 +4,8 @@ in the process that uses it."""
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -16,6 +18,14 @@ POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 class DatabaseURLError(ValueError):
     """The database URL is not one this service can use."""
+
+
+def driver_errors() -> tuple[type[Exception], ...]:
+    """The base exceptions of the database libraries this process has loaded:
+    sqlite3's, and psycopg's once imported (never imported here: importing it
+    fixes whether its waits yield to gevent)."""
+    psycopg = sys.modules.get("psycopg")
+    return (sqlite3.Error,) if psycopg is None else (sqlite3.Error, psycopg.Error)
 
 
 def sqlite_path(url: str) -> str:

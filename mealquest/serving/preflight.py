@@ -7,13 +7,13 @@ database, and a refusal is the first line gunicorn's output shows.
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 
 from gunicorn.util import import_app
 
 from mealquest import migrations
 from mealquest.config_check import ConfigError
+from mealquest.db import driver_errors
 from mealquest.extensions import get_store
 from mealquest.serving import flask_app
 from mealquest.store import StoreError
@@ -36,7 +36,7 @@ def check_database(app_uri: str) -> int:
         return _refuse(f"refusing to start: {error}, then start gunicorn again")
     except migrations.MigrationError as error:
         return _refuse(f"refusing to start: the database {path} cannot be served: {error}")
-    except (StoreError, sqlite3.Error) as error:
+    except (StoreError, *driver_errors()) as error:
         return _refuse(f"refusing to start: {key}: the database {path} cannot be read: {error}")
     finally:
         store.close()

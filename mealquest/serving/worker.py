@@ -29,7 +29,6 @@ loop no longer tells the master it is alive.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ import gevent
 from gevent.greenlet import Greenlet
 
 from mealquest import migrations
+from mealquest.db import driver_errors
 from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.runner import Pool, StopReport
@@ -88,9 +88,10 @@ def start_worker(worker: Any) -> None:
         # Neither passes by itself: stop the server with one clear line.
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
-    except (StoreError, sqlite3.Error) as error:
-        # Passing (a lock past the deadline): exit so the master boots another
-        # worker. The boot-error status would stop the whole server.
+    except (StoreError, *driver_errors()) as error:
+        # Passing (a lock past the deadline, a server restarting): exit so the
+        # master boots another worker. The boot-error status would stop the
+        # whole server.
         logger.error("worker could not start its job pool: %s", type(error).__name__)
         sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
