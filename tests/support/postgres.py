@@ -109,9 +109,12 @@ def _emptied(url: str, name: str, tables: list[str]) -> bool:
     with psycopg.connect(with_database(url, name), autocommit=True, connect_timeout=10) as conn:
         # The test's connections (and those of processes it killed) go first:
         # one may hold a lock, a LISTEN, or a session setting.
+        # Only client sessions of our own role: the server's own workers
+        # (autovacuum) may be in the database too, and are not ours to end.
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend' AND usename = current_user"
         )
         present = [
             row[0]
