@@ -378,8 +378,12 @@ def test_the_database_restarted_under_load_is_503_while_down_and_recovers_by_its
     )
     assert {row["status"] for row in rows.values()} == {"succeeded"}
     ran = runs(log)
-    assert set(ran) == set(accepted)
+    assert set(accepted) <= set(ran)
     assert set(ran.values()) == {1}
+    # A COMMIT whose acknowledgement the restart cut off is answered 503, yet
+    # its job exists and runs: a client cannot tell, which is what an
+    # Idempotency-Key retry is for. Only a 503 can hide a job.
+    assert len(set(ran) - set(accepted)) <= statuses[503], statuses
     # No worker died: the same four serve on, each having logged no failure.
     assert pids_of(first) | pids_of(second) == workers
     for server in (first, second):
