@@ -85,9 +85,12 @@ def http(
     json_body: Any = None,
     body: bytes | None = None,
     headers: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
+    timeout: float = 60.0,
 ) -> Answer:
-    """One request on a new connection (so it may land on any gunicorn worker)."""
+    """One request on a new connection (so it may land on any gunicorn worker).
+
+    The timeout is a deadline for a loaded machine (a request may wait for a
+    worker gunicorn is still booting), not a measure of speed."""
     match = re.fullmatch(r"http://([^/:]+):(\d+)(/.*)", url)
     assert match, url
     all_headers = dict(headers or {})

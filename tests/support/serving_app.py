@@ -72,9 +72,10 @@ def pid(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 def pid_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Publishes which process runs it, then waits until the test opens the
-    gate at `url` (tests.support.gates) and reports."""
-    ctx.publish({"pid": os.getpid()})
+    gate at `url` (tests.support.gates) and reports. The start is logged first:
+    a test that saw the pid may count on the start line being there."""
     _log_run(payload["log"], "start", ctx.job_id, ctx.attempt, os.getpid())
+    ctx.publish({"pid": os.getpid()})
     pass_gate(payload["url"])
     _log_run(payload["log"], "end", ctx.job_id, ctx.attempt, os.getpid())
     return {"pid": os.getpid()}
