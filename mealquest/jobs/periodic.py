@@ -119,10 +119,11 @@ class Scheduler:
         periodic = self.store.periodic
         moment = periodic.current_time(tx, now)
         self.last_moment = moment
+        # Recorded at the first look whatever is due, so that the kind is
+        # watched from then on.
+        first_seen = periodic.first_seen(tx, kind=kind.name, moment=moment)
         slot = self.schedule_of(kind).latest_at_or_before(moment)
-        if slot is None or moment - slot > self.catchup:
-            return None
-        if slot < periodic.first_seen(tx, kind=kind.name, moment=moment):
+        if slot is None or slot < first_seen or moment - slot > self.catchup:
             return None
         if not periodic.claim_slot(tx, kind=kind.name, slot_at=slot):
             return None  # another scheduler made it
