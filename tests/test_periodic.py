@@ -13,7 +13,7 @@ import pytest
 
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
-from mealquest.households import SYSTEM_HOUSEHOLD_ID
+from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
 from mealquest.jobs.errors import RegistrationError
 from mealquest.jobs.periodic import MAX_WAIT_SECONDS, Scheduler
 from mealquest.jobs.registry import KindOptions, Registry
@@ -227,8 +227,6 @@ def test_the_pool_runs_the_scheduler_which_makes_and_runs_the_job(make_app):
 
 def test_households_never_see_system_jobs(make_app):
     app = periodic_app(make_app)
-    from mealquest.households import create_household
-
     household = create_household(get_store(app), "The Smiths")
     scheduler = scheduler_of(app)
     scheduler.run_once(T0)
