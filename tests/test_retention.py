@@ -15,10 +15,12 @@ from mealquest.extensions import get_jobs
 from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
 from mealquest.jobs.model import FINAL_STATUSES, Status
 from mealquest.jobs.periodic import Scheduler
+from mealquest.jobs.registry import KindOptions
 from mealquest.jobs.retention import PRUNE_CRON, PRUNE_KIND, prune
 from mealquest.recipes.parse import ParsedRecipe
 from tests.conftest import wait_for
 from tests.support import sql
+from tests.support.kinds import EmptySchema
 
 pytestmark = pytest.mark.both_databases
 
@@ -259,3 +261,33 @@ def test_flask_jobs_prune_refuses_bad_days_in_one_line(app, jobs, household, bad
         f"Error: --older-than: must be a number of days, 0 or more (got {bad!r})\n"
     )
     assert kept in job_ids(jobs.store)
+
+
+def test_old_periodic_slots_go_and_those_a_scheduler_could_still_consider_stay(make_app):
+    app = make_app()
+    jobs = get_jobs(app)
+    store = jobs.store
+    jobs.registry.register(
+        "tick",
+        lambda payload, ctx: {},
+        payload=EmptySchema,
+        result=EmptySchema,
+        options=KindOptions(cron="* * * * *"),
+    )
+    scheduler = Scheduler(store, jobs.registry, jobs.enqueue, catchup_seconds=CATCHUP)
+    long_ago = datetime(2026, 3, 2, 10, 0, 30, tzinfo=UTC)
+    scheduler.run_once(long_ago)
+    assert ticks(scheduler.run_once(long_ago + timedelta(minutes=1))) == 1
+    recently = utc_now() - timedelta(minutes=2)
+    assert ticks(scheduler.run_once(recently)) == 1
+
+    # Even with every finished job going, a slot inside the catch-up window stays...
+    pruned = prune(store, older_than_days=0, catchup_seconds=CATCHUP)
+    assert pruned.slots == 1
+    assert len(sql.rows(store, "SELECT kind FROM periodic_slots WHERE kind = 'tick'")) == 1
+    # ...so no scheduler makes its job again.
+    assert ticks(scheduler.run_once(recently)) == 0
+
+
+def ticks(made) -> int:
+    return sum(1 for job in made if job.kind == "tick")
