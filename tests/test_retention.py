@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import gevent
 import pytest
 
+from mealquest import create_app
 from mealquest.clock import utc_now
-from mealquest.extensions import get_jobs
+from mealquest.extensions import get_jobs, get_store
 from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
 from mealquest.jobs.model import FINAL_STATUSES, Status
 from mealquest.jobs.periodic import Scheduler
@@ -291,3 +292,14 @@ def test_old_periodic_slots_go_and_those_a_scheduler_could_still_consider_stay(m
 
 def ticks(made) -> int:
     return sum(1 for job in made if job.kind == "tick")
+
+
+def test_flask_jobs_prune_on_a_database_not_migrated_is_one_line(tmp_path):
+    app = create_app({"TESTING": True, "DATABASE": str(tmp_path / "none.sqlite3")})
+
+    result = app.test_cli_runner().invoke(args=["jobs", "prune"])
+
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1
+    assert "run `flask db upgrade`" in result.output
+    get_store(app).close()
