@@ -12,6 +12,7 @@ import pytest
 
 from mealquest import create_app
 from mealquest.clock import utc_now
+from mealquest.config import DEFAULTS
 from mealquest.extensions import get_jobs, get_store
 from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
 from mealquest.jobs.model import FINAL_STATUSES, Status
@@ -164,6 +165,7 @@ def test_pruning_while_jobs_run_deletes_only_old_finished_ones(make_app, gates):
 
 
 def test_the_built_in_prune_kind_runs_on_its_schedule(make_app):
+    assert DEFAULTS["JOB_RETENTION_DAYS"] == 14  # (the tests' own default is 0)
     app = make_app(JOB_RETENTION_DAYS=14)
     jobs = get_jobs(app)
     store = jobs.store
@@ -216,8 +218,10 @@ def test_retention_off_schedules_no_prune_and_a_queued_prune_deletes_nothing(mak
 # -- flask jobs prune -------------------------------------------------------------------------
 
 
-def test_flask_jobs_prune_deletes_old_finished_jobs_and_says_how_many(app, jobs, household):
-    hid = household.household_id
+def test_flask_jobs_prune_deletes_old_finished_jobs_and_says_how_many(make_app):
+    app = make_app(JOB_RETENTION_DAYS=14)
+    jobs = get_jobs(app)
+    hid = create_household(jobs.store, "The Smiths").household_id
     finished_job(jobs, hid, Status.SUCCEEDED, days_ago=20)
     finished_job(jobs, hid, Status.FAILED, days_ago=15)
     recent = finished_job(jobs, hid, Status.SUCCEEDED, days_ago=2)
