@@ -20,5 +20,10 @@ def to_text(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime(_FORMAT)
 
 
+def from_text(text: str) -> datetime:
+    """A time as `to_text` wrote it."""
+    return datetime.strptime(text, _FORMAT).replace(tzinfo=UTC)
+
+
 def seconds(value: float) -> timedelta:
     return timedelta(seconds=value)

@@ -57,6 +57,15 @@ DEFAULTS: dict[str, Any] = {
     "JOB_MAX_BLOCKING_SECONDS": 1.0,
     # How long a stopping pool lets running jobs finish before it stops them.
     "JOB_STOP_TIMEOUT_SECONDS": 25.0,
+    # How old a periodic kind's scheduled time (cron, UTC) may be and still
+    # make its one job when a scheduler looks after it: processes down across
+    # a slot for less than this make it when they are back (one job for all
+    # the slots missed); older slots are skipped.
+    "JOB_CRON_CATCHUP_SECONDS": 3600.0,
+    # Finished jobs (every final status) older than this many days are
+    # deleted by the hourly `prune_jobs` maintenance job; 0 keeps them all.
+    # Recipes stay.
+    "JOB_RETENTION_DAYS": 14,
     # Whether each gunicorn web worker runs a job pool (True), or serves HTTP
     # only (False) for deployments that run `flask jobs work` processes.
     "JOB_POOL_IN_WEB": True,

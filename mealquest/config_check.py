@@ -159,6 +159,8 @@ RULES: dict[str, Rule] = {
     "JOB_UNHANDLED_REPORT_SECONDS": positive,
     "JOB_MAX_BLOCKING_SECONDS": not_negative,
     "JOB_POOL_IN_WEB": flag,
+    "JOB_CRON_CATCHUP_SECONDS": positive,
+    "JOB_RETENTION_DAYS": whole(0),
     "PROXY_FIX_HOPS": whole(0),
     "MAX_CONTENT_LENGTH": whole(1),
     "MAX_URI_LENGTH": whole(1),

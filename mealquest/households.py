@@ -15,6 +15,11 @@ from dataclasses import dataclass
 
 from mealquest.db.driver import Store
 
+# The household periodic jobs (maintenance included) belong to, made by the
+# migrations. It never has a token, so no caller of the API is it, and the
+# household-scoped API never shows its jobs to anyone.
+SYSTEM_HOUSEHOLD_ID = 0
+
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
 # Unicode control, format (e.g. bidi overrides), line and paragraph separators.
 _CONTROL = {"Cc", "Cf", "Zl", "Zp"}
@@ -71,6 +76,8 @@ def create_household(store: Store, name: str) -> IssuedToken:
 
 
 def create_token(store: Store, household_id: int) -> IssuedToken:
+    if household_id == SYSTEM_HOUSEHOLD_ID:
+        raise HouseholdError("the system household (periodic jobs) has no tokens")
     token = _new_token()
     token_id = store.write(
         store.households.insert_token, household_id=household_id, token_sha256=token_digest(token)
@@ -83,8 +90,12 @@ def revoke_token(store: Store, token_id: int) -> None:
 
 
 def list_households(store: Store) -> list[tuple[Household, int]]:
-    """Every household with its number of live tokens."""
-    return store.read(store.households.list_households)
+    """Every household with its number of live tokens (not the system household,
+    which is no one's)."""
+    listed = store.read(store.households.list_households)
+    return [
+        (household, tokens) for household, tokens in listed if household.id != SYSTEM_HOUSEHOLD_ID
+    ]
 
 
 def household_for_token(store: Store, token: str) -> Household | None:

@@ -483,6 +483,18 @@ class Store:
         return recipes
 
     @cached_property
+    def periodic(self) -> ModuleType:
+        from mealquest.db.sqlite import periodic
+
+        return periodic
+
+    @cached_property
+    def retention(self) -> ModuleType:
+        from mealquest.db.sqlite import retention
+
+        return retention
+
+    @cached_property
     def migrations(self) -> ModuleType:
         from mealquest import migrations
 

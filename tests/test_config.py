@@ -60,6 +60,11 @@ def build(tmp_path, **config):
             'must be a list of networks, e.g. ["10.1.2.0/24"] (got ["10.1.2.0/24", "intranet"])',
         ),
         ("DATABASE", 5, "must be a file path (got 5)"),
+        ("JOB_CRON_CATCHUP_SECONDS", 0, "must be a positive number (got 0)"),
+        ("JOB_CRON_CATCHUP_SECONDS", "1h", 'must be a positive number (got "1h")'),
+        ("JOB_RETENTION_DAYS", -1, "must be a whole number, 0 or more (got -1)"),
+        ("JOB_RETENTION_DAYS", 1.5, "must be a whole number, 0 or more (got 1.5)"),
+        ("JOB_RETENTION_DAYS", "two weeks", 'must be a whole number, 0 or more (got "two weeks")'),
         (
             "JOB_HEARTBEAT_SECONDS",
             60,

@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 from mealquest.clock import to_text
 from mealquest.db.postgresql import households, jobs, recipes
 from mealquest.db.postgresql.store import PostgresStore, PostgresTransaction
-from mealquest.households import UnknownHousehold, UnknownToken
+from mealquest.households import SYSTEM_HOUSEHOLD_ID, UnknownHousehold, UnknownToken
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -446,6 +446,7 @@ def test_households_and_their_live_tokens(store):
 
     listed = store.read(households.list_households)
     assert [(h.id, h.name, tokens) for h, tokens in listed] == [
+        (SYSTEM_HOUSEHOLD_ID, "system", 0),  # the migrations' own
         (smiths, "Smiths", 1),
         (joneses, "Joneses", 1),
     ]
@@ -464,7 +465,7 @@ def test_a_token_for_an_unknown_household_is_refused_leaving_the_transaction_usa
 
     store.write(attempt)
 
-    assert [h.name for h, _ in store.read(households.list_households)] == ["Still fine"]
+    assert [h.name for h, _ in store.read(households.list_households)] == ["system", "Still fine"]
 
 
 # -- recipes ----------------------------------------------------------------------------------

@@ -493,9 +493,11 @@ def test_a_handler_that_blocks_the_hub_is_named_at_error(hostile, household, log
     assert record.kind == "blocks_the_hub"
 
 
-@pytest.mark.parametrize("role", ["producer", "completer", "heartbeat", "watchdog", "rescuer"])
+@pytest.mark.parametrize(
+    "role", ["producer", "completer", "heartbeat", "watchdog", "rescuer", "scheduler"]
+)
 def test_a_role_that_dies_is_logged_and_restarts_the_process(hostile, household, logs, role):
-    jobs = hostile()
+    jobs = hostile(JOB_RETENTION_DAYS=14)  # a periodic kind: the scheduler runs
     fatal: list[str] = []
     pool = jobs.start_pool(on_fatal=fatal.append)
     pool.roles[role].kill(RuntimeError("boom"), block=True)

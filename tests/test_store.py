@@ -56,7 +56,9 @@ def insert_household(tx, name):
 
 def household_names(store):
     return store.read(
-        lambda conn: [r[0] for r in conn.execute("SELECT name FROM households ORDER BY id")]
+        lambda conn: [
+            r[0] for r in conn.execute("SELECT name FROM households WHERE id <> 0 ORDER BY id")
+        ]
     )
 
 

@@ -38,6 +38,15 @@ class Store(Protocol):
         """Recipes that jobs imported."""
 
     @property
+    def periodic(self) -> ModuleType:
+        """Scheduled times of periodic kinds that made their job (one each), and
+        the database's clock they are judged by."""
+
+    @property
+    def retention(self) -> ModuleType:
+        """Deleting finished jobs, a small batch per call."""
+
+    @property
     def migrations(self) -> ModuleType:
         """The driver's migration runner: `MIGRATIONS_DIR` and `require_current_of`."""
 

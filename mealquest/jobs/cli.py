@@ -1,8 +1,10 @@
-"""`flask jobs list | show | work`: the operator's view of the queue, and a foreground pool."""
+"""`flask jobs list | show | prune | work`: the operator's view of the queue, retention
+now, and a foreground pool."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -16,6 +18,7 @@ from gevent import monkey
 
 from mealquest import migrations
 from mealquest.extensions import get_jobs
+from mealquest.jobs import retention
 from mealquest.jobs.model import Job, Status
 from mealquest.masking import mask
 from mealquest.store import StoreError
@@ -57,6 +60,57 @@ def jobs_show(job_id: str) -> None:
         raise click.ClickException(f"no job {job_id}")
     row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
     click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
+
+
+@jobs_cli.command("prune")
+@click.option(
+    "--older-than",
+    "older_than",
+    metavar="DAYS",
+    default=None,
+    help="Delete finished jobs older than this many days (0: every finished job); "
+    "default MEALQUEST_JOB_RETENTION_DAYS.",
+)
+def jobs_prune(older_than: str | None) -> None:
+    """Delete finished jobs now, in small batches; prints how many went.
+
+    Queued and running jobs are never deleted, and recipes stay.
+    """
+    click.echo(prune_now(older_than))
+
+
+def prune_now(older_than: str | None) -> str:
+    """What `flask jobs prune` does and prints; ClickException (one line) on bad input."""
+    config = current_app.config
+    if older_than is None:
+        days: float = config["JOB_RETENTION_DAYS"]
+        if not days:
+            return "retention is off (MEALQUEST_JOB_RETENTION_DAYS=0): deleted 0 jobs"
+    else:
+        days = _days(older_than)
+    store = get_jobs().store
+    try:
+        migrations.require_migrated(store)
+        pruned = retention.prune(
+            store,
+            older_than_days=days,
+            catchup_seconds=float(config["JOB_CRON_CATCHUP_SECONDS"]),
+        )
+    except (migrations.MigrationError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
+    return f"deleted {pruned.jobs} finished jobs older than {days:g} days"
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not (math.isfinite(days) and days >= 0):
+        raise click.ClickException(
+            f"--older-than: must be a number of days, 0 or more (got {text!r})"
+        )
+    return days
 
 
 def _decoded(payload: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from marshmallow import RAISE, Schema, ValidationError
 
+from mealquest.jobs.cron import CronSchedule
 from mealquest.jobs.errors import RegistrationError
 from mealquest.jobs.model import OnInterrupt
 
@@ -48,12 +49,18 @@ class KindOptions:
     death, does to it (see `OnInterrupt`); None picks the default: `requeue`
     when `max_attempts` is above 1 (the author said a re-run is safe), else
     `fail` (at most once, as a job of one attempt promises).
+
+    `cron` makes the kind periodic: a five-field cron expression, in UTC, at
+    each of whose times one job of the kind is enqueued with `cron_payload`,
+    for the system household (see `mealquest.jobs.periodic`).
     """
 
     max_attempts: int = 1
     backoff: Backoff = field(default_factory=Backoff)
     timeout_seconds: float = 600.0
     on_interrupt: OnInterrupt | None = None
+    cron: str | None = None
+    cron_payload: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -62,6 +69,11 @@ class KindOptions:
             raise RegistrationError("timeout_seconds must be positive")
         if self.on_interrupt is not None and not isinstance(self.on_interrupt, OnInterrupt):
             raise RegistrationError("on_interrupt must be an OnInterrupt or None")
+        if self.cron is not None:
+            try:
+                CronSchedule(self.cron)
+            except ValueError as error:
+                raise RegistrationError(f"cron {self.cron!r}: {error}") from None
 
     @property
     def interrupt_policy(self) -> OnInterrupt:
@@ -148,6 +160,14 @@ class Registry:
             partial_schema=_schema(partial if partial is not None else result),
             options=options or KindOptions(),
         )
+        if kind.options.cron is not None:
+            try:
+                kind.canonical_payload(kind.options.cron_payload)
+            except ValidationError as error:
+                raise RegistrationError(
+                    f"register {name!r}: cron_payload does not fit the payload schema: "
+                    f"{error.messages}"
+                ) from None
         if self._closed:
             raise RegistrationError(f"register {name!r}: the pool has already started")
         if name in self._kinds:
@@ -157,6 +177,10 @@ class Registry:
 
     def get(self, name: str) -> Kind | None:
         return self._kinds.get(name)
+
+    def periodic(self) -> tuple[Kind, ...]:
+        """The kinds registered with a cron schedule."""
+        return tuple(kind for kind in self._kinds.values() if kind.options.cron is not None)
 
     def names(self) -> tuple[str, ...]:
         """The kinds registered, the only ones this process's pool claims."""

@@ -7,7 +7,9 @@
   one transaction, which also claims the next jobs for the slots they free;
 * `maintenance` services renew leases (`Heartbeat`), act on handlers that
   will not end (`Watchdog`), take back expired leases anywhere (`Rescuer`)
-  and report queued jobs no handler here runs (`UnhandledKinds`).
+  and report queued jobs no handler here runs (`UnhandledKinds`);
+* `periodic.Scheduler` enqueues the job of each periodic kind's scheduled
+  time, one across all processes (when the pool is given `enqueue`).
 
 The pool supervises them: a role that dies unexpectedly, or a handler that
 will not die, is logged at ERROR and `on_fatal` asks for the process to be
@@ -34,6 +36,7 @@ from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
 from mealquest.jobs.executor import STOPPING, Executor, JobContext, Running
 from mealquest.jobs.maintenance import Heartbeat, Rescuer, UnhandledKinds, Watchdog, record_hung
 from mealquest.jobs.model import MESSAGE_INTERRUPTED, Recovered, Status
+from mealquest.jobs.periodic import Enqueue, Scheduler, run_forever
 from mealquest.jobs.producer import Producer
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
@@ -70,6 +73,7 @@ class Pool:
         *,
         owner: str | None = None,
         on_fatal: OnFatal | None = None,
+        enqueue: Enqueue | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -87,6 +91,18 @@ class Pool:
         self.heartbeat = Heartbeat(store, self.executor, self.settings)
         self.watchdog = Watchdog(self.executor, self.settings, self._hung)
         self.unhandled = UnhandledKinds(store, registry)
+        # Periodic kinds need `enqueue` (the service's, so their jobs are
+        # made as every other job is); a pool built without it schedules nothing.
+        self.scheduler = (
+            Scheduler(
+                store,
+                registry,
+                enqueue,
+                catchup_seconds=self.settings.cron_catchup_seconds,
+            )
+            if enqueue is not None
+            else None
+        )
         self._started = False
         self._stopping = False
         # Heartbeats go on while a stopping pool waits for its jobs: set last.
@@ -125,6 +141,10 @@ class Pool:
             ),
         ):
             self.roles[name] = self._supervise(name, run, *args)
+        if self.scheduler is not None and self.registry.periodic():
+            self.roles["scheduler"] = self._supervise(
+                "scheduler", run_forever, self.scheduler, self._maintenance_stop.wait
+            )
         logger.info(
             "job pool started with %d workers (owner %s)", self.settings.workers, self.owner
         )

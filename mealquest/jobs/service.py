@@ -11,6 +11,7 @@ from flask import Flask
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
+from mealquest.jobs import retention
 from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
 from mealquest.jobs.model import Job, Status
 from mealquest.jobs.registry import Registry
@@ -105,7 +106,9 @@ class JobService:
         if self.pool is not None:
             raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
         migrations.require_migrated(self.store)
-        pool = Pool(self.store, self.registry, self.settings, on_fatal=on_fatal)
+        pool = Pool(
+            self.store, self.registry, self.settings, on_fatal=on_fatal, enqueue=self.enqueue
+        )
         pool.start()
         self.pool = pool
         return pool
@@ -113,5 +116,10 @@ class JobService:
 
 def init_app(app: Flask) -> JobService:
     service = JobService(get_store(app), PoolSettings.from_config(app.config))
+    retention.register(
+        service.registry,
+        retention_days=app.config["JOB_RETENTION_DAYS"],
+        catchup_seconds=service.settings.cron_catchup_seconds,
+    )
     app.extensions[JOBS_KEY] = service
     return service

@@ -27,6 +27,9 @@ class PoolSettings:
     kill_grace_seconds: float = 5.0
     unhandled_report_seconds: float = 60.0
     max_blocking_seconds: float = 0.0
+    # How old a periodic kind's scheduled time may be and still make its job
+    # when a scheduler first looks after it (processes down across it).
+    cron_catchup_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -42,6 +45,8 @@ class PoolSettings:
         )
         if min(intervals) <= 0:
             raise ValueError("pool intervals and the lease must be positive")
+        if self.cron_catchup_seconds <= 0:
+            raise ValueError("cron_catchup_seconds must be positive")
         if self.max_blocking_seconds < 0:
             raise ValueError("max_blocking_seconds must be 0 (off) or positive")
         if self.heartbeat_seconds >= self.lease_seconds:
@@ -65,4 +70,5 @@ class PoolSettings:
             kill_grace_seconds=float(config["JOB_KILL_GRACE_SECONDS"]),
             unhandled_report_seconds=float(config["JOB_UNHANDLED_REPORT_SECONDS"]),
             max_blocking_seconds=float(config["JOB_MAX_BLOCKING_SECONDS"]),
+            cron_catchup_seconds=float(config["JOB_CRON_CATCHUP_SECONDS"]),
         )

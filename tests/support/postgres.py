@@ -141,9 +141,42 @@ def _emptied(url: str, name: str, tables: list[str]) -> bool:
                         sql.Identifier(table), sql.Identifier(column)
                     )
                 )
+            # Rows the migrations themselves insert (the system household) come back.
+            for table, (columns, rows) in _template_rows(url, _template_of(name)).items():
+                conn.cursor().executemany(
+                    sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
+                        sql.Identifier(table),
+                        sql.SQL(", ").join(map(sql.Identifier, columns)),
+                        sql.SQL(", ").join(sql.Placeholder() * len(columns)),
+                    ),
+                    rows,
+                )
         except psycopg.errors.LockNotAvailable:
             return False
     return True
+
+
+# The template each database handed out was cloned from.
+_templates: dict[str, str] = {}
+
+
+def _template_of(name: str) -> str:
+    return _templates[name]
+
+
+@functools.cache
+def _template_rows(url: str, template: str) -> dict[str, tuple[list[str], list[tuple]]]:
+    """The rows of each table the migrations leave filled (the ledger aside)."""
+    filled = {}
+    with psycopg.connect(with_database(url, template), autocommit=True) as conn:
+        for table in _tables_of(with_database(url, template)):
+            if table == "schema_migrations":
+                continue
+            cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
+            rows = cursor.fetchall()
+            if rows:
+                filled[table] = ([column.name for column in cursor.description], rows)
+    return filled
 
 
 def _tables_of(url: str) -> list[str]:
@@ -188,6 +221,7 @@ def fresh_database(url: str, *, migrated: bool = False) -> Iterator[str]:
         with _admin(url) as admin:
             _create(admin, name, template)
         _made.append((url, name))
+    _templates[name] = template
     try:
         yield with_database(url, name)
     finally:

@@ -224,6 +224,9 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
             "MEALQUEST_JOB_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
             "MEALQUEST_JOB_RESCUE_SECONDS": str(RESCUE_SECONDS),
             "MEALQUEST_JOB_POLL_SECONDS": str(POLL_SECONDS),
+            # No hourly prune job appearing among a test's jobs (retention's
+            # own tests turn it on).
+            "MEALQUEST_JOB_RETENTION_DAYS": "0",
             "MEALQUEST_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }

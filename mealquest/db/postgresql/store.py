@@ -156,6 +156,18 @@ class PostgresStore:
         return recipes
 
     @cached_property
+    def periodic(self) -> ModuleType:
+        from mealquest.db.postgresql import periodic
+
+        return periodic
+
+    @cached_property
+    def retention(self) -> ModuleType:
+        from mealquest.db.postgresql import retention
+
+        return retention
+
+    @cached_property
     def migrations(self) -> ModuleType:
         from mealquest.db.postgresql import migrate
 
