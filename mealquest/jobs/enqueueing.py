@@ -92,7 +92,7 @@ def prepare(
     each bad field (the payload's own fields as the kind's schema names them)."""
     kind = registry.get(kind_name)
     if kind is None:
-        raise UnknownKind(f"{UnknownKind.__doc__}: {kind_name}")
+        raise UnknownKind(f"{(UnknownKind.__doc__ or '').rstrip('.')}: {kind_name}")
     errors: dict[str, list[str]] = {}
     if run_at is not None and delay is not None:
         errors["run_at"] = ["give run_at or delay, not both"]
