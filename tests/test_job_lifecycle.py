@@ -19,7 +19,7 @@ from mealquest.jobs.executor import Outcome
 from mealquest.jobs.model import Status
 from mealquest.jobs.service import JobRequest
 from tests.conftest import wait_for
-from tests.support import sql
+from tests.support import sql, transitions
 from tests.support.processes import flask_jobs_work, process_group, wait_working
 
 pytestmark = pytest.mark.both_databases
@@ -153,17 +153,22 @@ def test_a_job_running_in_another_process_is_cancelled_there(
     assert "job cancelled" in worker.output()
 
 
-def test_cancel_while_the_job_finishes_keeps_one_outcome(client, auth, jobs, household, gates):
+def test_cancel_while_the_job_finishes_keeps_one_outcome(
+    client, auth, jobs, store, database, household, gates
+):
     """Opening the gate and cancelling at the same moment: the job ends either
-    succeeded (it finished first: 409 or 202 then succeeded) or cancelled, and
-    the answer agrees with the end."""
+    succeeded (it finished first: 409 or 202 then succeeded) or cancelled, the
+    answer agrees with the end, and the database recorded one final state."""
+    transitions.install(store, database)
     jobs.start_pool()
     seen = set()
+    ids = []
     for round_ in range(6):
         name = f"race{round_}"
         job_id = jobs.enqueue(
             "wait_for_gate", {"url": gates.url(name)}, household_id=household.household_id
         )
+        ids.append(job_id)
         wait_for(lambda name=name: gates.arrivals(name) == 1)
         opener = gevent.spawn(gates.open, name)
         answer = client.post(f"/api/v1/jobs/{job_id}/cancel", headers=auth)
@@ -178,6 +183,7 @@ def test_cancel_while_the_job_finishes_keeps_one_outcome(client, auth, jobs, hou
             assert job.result["pid"] > 0
         seen.add(job.status)
     assert seen
+    transitions.assert_one_final_state_each(store, ids)
 
 
 def test_the_fenced_writes_honour_a_cancel_request(store, jobs, household):
