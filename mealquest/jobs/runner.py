@@ -197,6 +197,8 @@ class Pool:
             logger.warning("re-queued a job stopped by shutdown", extra={"job_id": job_id})
         for job_id in report.failed:
             logger.error("job stopped by shutdown: interrupted", extra={"job_id": job_id})
+        for job_id in report.cancelled:
+            logger.info("cancelled job stopped by shutdown: cancelled", extra={"job_id": job_id})
         logger.info("job pool stopped (owner %s)", self.owner)
         return report
 
