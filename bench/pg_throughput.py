@@ -36,7 +36,8 @@ INSERT = (
 )
 CLAIM = (
     "WITH next AS (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= now() "
-    "AND kind = ANY(%(kinds)s::text[]) ORDER BY run_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED) "
+    "AND kind = ANY(%(kinds)s::text[]) ORDER BY priority, run_at, seq "
+    "LIMIT 1 FOR UPDATE SKIP LOCKED) "
     "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s, "
     "lease_expires_at = now() + make_interval(secs => 60.0), started_at = now(), "
     f"updated_at = now() FROM next WHERE jobs.seq = next.seq RETURNING {_COLUMNS}"

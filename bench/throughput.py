@@ -29,7 +29,7 @@ CLAIM = (
     "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
     "lease_expires_at = ?, started_at = ?, updated_at = ? "
     "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
-    "ORDER BY run_at, seq LIMIT ?) "
+    "ORDER BY priority, run_at, seq LIMIT ?) "
     "RETURNING id, seq, household_id, kind, payload, status, result, error, attempt, "
     "max_attempts, run_at, lease_owner, lease_expires_at, created_at, updated_at, "
     "started_at, finished_at"

@@ -58,6 +58,10 @@ def not_found(message: str) -> APIError:
     return APIError(404, "not_found", message)
 
 
+def conflict(message: str) -> APIError:
+    return APIError(409, "conflict", message)
+
+
 def error_response(
     status: int, code: str, message: str, fields: dict[str, Any] | None = None
 ) -> tuple[Response, int]:

@@ -42,6 +42,8 @@ ERROR_CODES = (
     "unsupported_media_type",
     "unavailable",
     "internal",
+    "conflict",
+    "idempotency_key_reused",
 )
 
 _ERROR_DESCRIPTIONS = {
@@ -50,7 +52,9 @@ _ERROR_DESCRIPTIONS = {
     404: "`not_found`",
     413: "the request body is too large: `payload_too_large`",
     414: "the path and query are longer than the service accepts: `uri_too_long`",
+    409: "the resource is not in a state that allows this: `conflict`",
     415: "the request body is not JSON: `unsupported_media_type`",
+    422: ("the `Idempotency-Key` was already used with another request: `idempotency_key_reused`"),
     503: (
         "the database is busy, unreachable or its storage failed "
         "(retry after `Retry-After` seconds): `unavailable`"
@@ -81,11 +85,15 @@ class Operation:
 
     response: Schema
     status: int = 200
+    # Other success statuses answered with the same schema and headers: {status: meaning}.
+    also: dict[int, str] = field(default_factory=dict)
     path: Schema | None = None
     query: Schema | None = None
     body: Schema | None = None
     errors: frozenset[int] = frozenset()
     response_headers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Request headers the view reads, as OpenAPI parameter objects (without `in`).
+    headers: tuple[dict[str, Any], ...] = ()
     authenticated: bool = True
     summary: str | None = None
 
@@ -95,7 +103,7 @@ class Operation:
             statuses |= {401, 503}
         if self.path is not None:
             statuses.add(404)
-        if self.query is not None or self.body is not None:
+        if self.query is not None or self.body is not None or self.headers:
             statuses.add(400)
         if self.body is not None:
             statuses |= {413, 415}
@@ -106,11 +114,13 @@ def operation(
     *,
     response: Schema,
     status: int = 200,
+    also: dict[int, str] | None = None,
     path: Schema | None = None,
     query: Schema | None = None,
     body: Schema | None = None,
     errors: Iterable[int] = (),
     response_headers: dict[str, dict[str, Any]] | None = None,
+    headers: Iterable[dict[str, Any]] = (),
     authenticated: bool = True,
     summary: str | None = None,
 ) -> Callable[[F], F]:
@@ -123,11 +133,13 @@ def operation(
         view.__openapi__ = Operation(  # type: ignore[attr-defined]
             response=response,
             status=status,
+            also=dict(also or {}),
             path=path,
             query=query,
             body=body,
             errors=frozenset(errors),
             response_headers=dict(response_headers or {}),
+            headers=tuple(headers),
             authenticated=authenticated,
             summary=summary,
         )
@@ -164,12 +176,20 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
             }
         },
     }
+    for status, meaning in op.also.items():
+        body["responses"][str(status)] = {
+            "description": meaning,
+            "content": {"application/json": {"schema": op.response}},
+            **({"headers": op.response_headers} if op.response_headers else {}),
+        }
     if description.strip():
         body["description"] = description.strip()
     if op.path is not None:
         body["parameters"].append({"in": "path", "schema": op.path})
     if op.query is not None:
         body["parameters"].append({"in": "query", "schema": op.query})
+    for header in op.headers:
+        body["parameters"].append({"in": "header", **header})
     if op.body is not None:
         body["requestBody"] = {
             "required": True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mealquest.jobs.model import Status
@@ -10,27 +12,47 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.both_databases
 
 
-def test_get_answers_exactly_the_five_fields(client, auth, jobs, household):
-    job_id = jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+def test_get_answers_exactly_the_job_and_its_details(client, auth, jobs, household):
+    job_id = jobs.enqueue("flaky", {"fail_times": 1}, household_id=household.household_id)
     queued = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
     assert queued.status_code == 200
+    created = queued.json["created_at"]
+    assert RFC3339_UTC.match(created)
     assert queued.json == {
         "id": job_id,
-        "kind": "succeed",
+        "kind": "flaky",
         "status": "queued",
         "result": None,
         "error": None,
+        "attempt": 0,
+        "max_attempts": 3,
+        "created_at": created,
+        "run_at": created,
+        "started_at": None,
+        "finished_at": None,
     }
     jobs.start_pool()
     wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
     done = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json
+    times = {key: done.pop(key) for key in ("created_at", "run_at", "started_at", "finished_at")}
     assert done == {
         "id": job_id,
-        "kind": "succeed",
+        "kind": "flaky",
         "status": "succeeded",
-        "result": {"value": 3},
+        "result": {"attempt": 2},
         "error": None,
+        "attempt": 2,
+        "max_attempts": 3,
     }
+    assert all(RFC3339_UTC.match(value) for value in times.values()), times
+    # The retry was due after the first attempt; the second started then and ended last.
+    assert created == times["created_at"] < times["run_at"] <= times["started_at"]
+    assert times["started_at"] <= times["finished_at"]
+    listed = client.get("/api/v1/jobs", headers=auth).json["jobs"]
+    assert listed == [{**done, **times}]
 
 
 @pytest.mark.parametrize("job_id", ["0" * 32, "not-an-id", "A" * 32, "0" * 31, "%00", "1 OR 1=1"])

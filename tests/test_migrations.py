@@ -184,6 +184,151 @@ def test_the_full_chain_on_a_fresh_file_leaves_a_consistent_schema(tmp_path):
     migrations.require_current(path)
 
 
+# -- 0006: the job lifecycle's rebuild of jobs ----------------------------------------------
+
+JOB_COLUMNS = (
+    "id, household_id, kind, payload, status, result, error, attempt, max_attempts, run_at, "
+    "lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
+    "on_interrupt, interruptions"
+)
+
+
+def test_the_lifecycle_rebuild_keeps_every_job_recipe_and_invariant(tmp_path):
+    path = str(tmp_path / "at5.sqlite3")
+    migrations.upgrade(path, target=5)
+    conn = raw(path)
+    conn.execute("INSERT INTO households (id, name, created_at) VALUES (1, 'H', ?)", (T0,))
+    before = [
+        (
+            "q",
+            1,
+            "k",
+            "{}",
+            "queued",
+            None,
+            None,
+            0,
+            1,
+            T0,
+            None,
+            None,
+            T0,
+            T0,
+            None,
+            None,
+            "fail",
+            0,
+        ),
+        (
+            "r",
+            1,
+            "k",
+            "{}",
+            "running",
+            '{"step": 1}',
+            None,
+            1,
+            3,
+            T0,
+            "o.1",
+            T1,
+            T0,
+            T0,
+            T0,
+            None,
+            "requeue",
+            1,
+        ),
+        (
+            "s",
+            1,
+            "k",
+            "{}",
+            "succeeded",
+            "{}",
+            None,
+            1,
+            1,
+            T0,
+            None,
+            None,
+            T0,
+            T1,
+            T0,
+            T1,
+            "fail",
+            0,
+        ),
+        (
+            "f",
+            1,
+            "k",
+            "{}",
+            "failed",
+            None,
+            "boom",
+            1,
+            1,
+            T0,
+            None,
+            None,
+            T0,
+            T1,
+            T0,
+            T1,
+            "fail",
+            0,
+        ),
+    ]
+    conn.executemany(f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES ({', '.join('?' * 18)})", before)
+    conn.execute(
+        "INSERT INTO recipes (id, household_id, job_id, title, ingredients, instructions, "
+        "source_url, created_at, updated_at) VALUES (?, 1, 's', 'Soup', '[]', '[]', 'u', ?, ?)",
+        ("a" * 32, T0, T0),
+    )
+    conn.close()
+
+    migrations.upgrade(path)
+
+    conn = raw(path)
+    try:
+        after = [tuple(row) for row in conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY seq")]
+        assert after == before
+        assert {tuple(row) for row in conn.execute("SELECT priority, unique_key FROM jobs")} == {
+            (0, None)
+        }
+        # The recipe still points at its job, and the foreign key still acts.
+        assert conn.execute("SELECT job_id FROM recipes").fetchone()[0] == "s"
+        conn.execute("DELETE FROM jobs WHERE id = 's'")
+        assert conn.execute("SELECT job_id FROM recipes").fetchone()[0] is None
+        # A queued job may be cancelled (attempt 0), finished and without an error...
+        conn.execute("UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = 'q'", (T1,))
+        # ...but never without finished_at, with an error, or with a cancel request
+        # while queued; and a key needs its digest.
+        for statement in (
+            "UPDATE jobs SET finished_at = NULL WHERE id = 'q'",
+            "UPDATE jobs SET error = 'x' WHERE id = 'q'",
+            "UPDATE jobs SET status = 'bogus' WHERE id = 'q'",
+            "UPDATE jobs SET unique_key = 'k' WHERE id = 'f'",
+            "UPDATE jobs SET status = 'queued', finished_at = NULL, cancel_requested_at = 'x' "
+            "WHERE id = 'q'",
+        ):
+            with pytest.raises(sqlite3.IntegrityError):
+                conn.execute(statement)
+        plan = " ".join(
+            row[3]
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT seq FROM jobs WHERE status = 'queued' "
+                "AND run_at <= ? ORDER BY priority, run_at, seq LIMIT 1",
+                (T1,),
+            )
+        )
+        assert "jobs_claim" in plan
+        assert "TEMP B-TREE" not in plan
+    finally:
+        conn.close()
+
+
 # -- the rebuild mechanism ------------------------------------------------------------------
 
 PARENT_CHILD = """

@@ -102,12 +102,17 @@ def test_documented_shapes_come_from_the_view_schemas(app):
     """Spot checks that the view's marshmallow fields are what is published."""
     document = get_document(app)
     schemas = document["components"]["schemas"]
-    assert schemas["Job"]["required"] == ["error", "id", "kind", "result", "status"]
+    assert schemas["Job"]["required"] == sorted(
+        {"error", "id", "kind", "result", "status", "attempt", "max_attempts"}
+        | {"created_at", "run_at", "started_at", "finished_at"}
+    )
+    assert schemas["Job"]["properties"]["started_at"]["format"] == "date-time"
     assert schemas["Job"]["properties"]["status"]["enum"] == [
         "queued",
         "running",
         "succeeded",
         "failed",
+        "cancelled",
     ]
     params = {p["name"]: p for p in document["paths"]["/api/v1/jobs"]["get"]["parameters"]}
     assert set(params) == {"limit", "cursor", "status", "kind"}
@@ -118,8 +123,16 @@ def test_documented_shapes_come_from_the_view_schemas(app):
         "$ref": "#/components/schemas/RecipeImport"
     }
     assert schemas["RecipeImport"]["properties"]["url"]["pattern"] == WEB_URL_PATTERN
-    created = document["paths"]["/api/v1/recipe-imports"]["post"]["responses"]["202"]
-    assert "Location" in created["headers"]
+    imports = document["paths"]["/api/v1/recipe-imports"]["post"]
+    for status in ("202", "200"):
+        assert "Location" in imports["responses"][status]["headers"]
+    assert imports["responses"]["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"
+    }
+    [key] = [p for p in imports["parameters"] if p["in"] == "header"]
+    assert (key["name"], key["schema"]["maxLength"]) == ("Idempotency-Key", 255)
+    cancel = document["paths"]["/api/v1/jobs/{job_id}/cancel"]["post"]
+    assert {"200", "202", "404", "409"} <= set(cancel["responses"])
 
 
 @settings(max_examples=300, database=None, derandomize=True)

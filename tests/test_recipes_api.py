@@ -47,6 +47,12 @@ def test_an_import_answers_202_with_the_job_and_its_location(app, client, auth):
         "status": "queued",
         "result": None,
         "error": None,
+        "attempt": 0,
+        "max_attempts": 3,
+        "created_at": job["created_at"],
+        "run_at": job["created_at"],
+        "started_at": None,
+        "finished_at": None,
     }
     assert client.get(response.headers["Location"], headers=auth).get_json() == job
 

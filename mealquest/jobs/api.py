@@ -8,8 +8,9 @@ from typing import Any
 from flask import Blueprint, request
 
 from mealquest.auth import current_household
-from mealquest.errors import not_found
+from mealquest.errors import conflict, not_found
 from mealquest.extensions import get_jobs
+from mealquest.jobs.model import Status
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
@@ -61,3 +62,31 @@ def list_jobs() -> dict[str, Any]:
     )
     page, cursor = paginate(jobs, limit, lambda job: job.seq)
     return _list_schema.dump({"jobs": page, "next_cursor": cursor})
+
+
+@bp.post("/<job_id>/cancel")
+@operation(
+    path=_path_schema,
+    response=_job_schema,
+    status=200,
+    also={202: "the job is running: it is being stopped, and ends cancelled"},
+    errors=(409,),
+)
+def cancel_job(job_id: str) -> tuple[dict[str, Any], int]:
+    """Cancel one of the household's jobs.
+
+    A queued job is cancelled at once (200, the job); cancelling a cancelled
+    job again is the same 200. A running job answers 202 with the job as it
+    is: its handler is told, and killed if it does not stop, and the job ends
+    cancelled (unless it finishes first, which keeps its outcome). A
+    succeeded or failed job is 409 `conflict`. Its error stays null and its
+    last partial result stays.
+    """
+    job = None
+    if _job_id.match(job_id):
+        job = get_jobs().cancel(job_id, household_id=current_household().id)
+    if job is None:
+        raise not_found("job not found")
+    if job.status in (Status.SUCCEEDED, Status.FAILED):
+        raise conflict(f"the job has already {job.status.value}")
+    return _job_schema.dump(job), 202 if job.status is Status.RUNNING else 200

@@ -1,5 +1,5 @@
-"""`flask jobs list | show | prune | work`: the operator's view of the queue, retention
-now, and a foreground pool."""
+"""`flask jobs list | show | enqueue | cancel | prune | work`: the operator's view of
+the queue, its hands on it, retention now, and a foreground pool."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import gevent
 from flask import current_app
 from flask.cli import AppGroup
 from gevent import monkey
+from marshmallow import ValidationError
 
-from mealquest import migrations
+from mealquest import households, migrations
 from mealquest.extensions import get_jobs
 from mealquest.jobs import retention
-from mealquest.jobs.model import Job, Status
+from mealquest.jobs.errors import JobsError
+from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
 from mealquest.masking import mask
 from mealquest.store import StoreError
 
@@ -58,6 +60,10 @@ def jobs_show(job_id: str) -> None:
     job = get_jobs().get(job_id)
     if job is None:
         raise click.ClickException(f"no job {job_id}")
+    _echo_job(job)
+
+
+def _echo_job(job: Job) -> None:
     row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
     click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
 
@@ -111,6 +117,89 @@ def _days(text: str) -> float:
             f"--older-than: must be a number of days, 0 or more (got {text!r})"
         )
     return days
+
+
+def _one_line(messages: Any, prefix: str = "") -> str:
+    """A ValidationError's messages as `field: message; other.field: message`."""
+    if isinstance(messages, dict):
+        return "; ".join(
+            _one_line(value, f"{prefix}{key}." if key != "_schema" else prefix)
+            for key, value in messages.items()
+        )
+    if isinstance(messages, list):
+        return f"{prefix.rstrip('.') or 'payload'}: {' '.join(str(m) for m in messages)}"
+    return f"{prefix.rstrip('.') or 'payload'}: {messages}"
+
+
+@jobs_cli.command("enqueue")
+@click.argument("kind")
+@click.argument("payload_json")
+@click.option("--household", "household_id", type=int, required=True)
+@click.option(
+    "--delay", type=click.FloatRange(min=0), default=None, help="seconds from now until it is due"
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    default=DEFAULT_PRIORITY,
+    show_default=True,
+    help="lower runs first",
+)
+@click.option("--key", default=None, help="idempotency key: a repeat within 24 h makes nothing")
+def jobs_enqueue(
+    kind: str,
+    payload_json: str,
+    household_id: int,
+    delay: float | None,
+    priority: int,
+    key: str | None,
+) -> None:
+    """Enqueue a job of KIND with the payload PAYLOAD_JSON (checked by the kind's
+    schema) for a household; prints the job (the existing one for a repeated key)."""
+    service = get_jobs()
+    try:
+        payload = json.loads(payload_json)
+    except ValueError:
+        raise click.ClickException("PAYLOAD_JSON is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise click.ClickException("PAYLOAD_JSON must be a JSON object")
+    try:
+        if not any(h.id == household_id for h, _ in households.list_households(service.store)):
+            raise click.ClickException(f"no household {household_id}")
+        enqueued = service.insert(
+            kind,
+            payload,
+            household_id=household_id,
+            delay=delay,
+            priority=priority,
+            unique_key=key,
+        )
+    except ValidationError as error:
+        raise click.ClickException(f"invalid: {_one_line(error.messages)}") from None
+    except (JobsError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
+    job = service.get(enqueued.job_id)
+    assert job is not None
+    _echo_job(job)
+
+
+@jobs_cli.command("cancel")
+@click.argument("job_id")
+def jobs_cancel(job_id: str) -> None:
+    """Cancel a job of any household: a queued one at once; a running one is
+    stopped by the process running it. Prints the job; fails for a job that
+    has already succeeded or failed."""
+    try:
+        job = get_jobs().cancel(job_id)
+    except StoreError as error:
+        raise click.ClickException(str(error)) from None
+    if job is None:
+        raise click.ClickException(f"no job {job_id}")
+    if job.status in (Status.SUCCEEDED, Status.FAILED):
+        raise click.ClickException(f"job {job_id} has already {job.status.value}")
+    if job.status is Status.RUNNING:
+        click.echo("running: its process stops it and records it cancelled", err=True)
+    _echo_job(job)
 
 
 def _decoded(payload: Any) -> Any:

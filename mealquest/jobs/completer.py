@@ -64,9 +64,12 @@ class Completer:
         store: Store,
         executor: Executor,
         next_claim: Callable[[int], NextClaim | None],
+        wake: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
+        # Tells the producer that follow-up jobs were enqueued.
+        self._wake = wake
         # Given the number of slots a batch frees, what to claim for them (None: nothing).
         self._next_claim = next_claim
         self._pending: list[_Pending] = []
@@ -157,6 +160,11 @@ class Completer:
                 return
             for pending, matched in zip(batch, recorded, strict=True):
                 pending.recorded.set(matched)
+            if self._wake is not None and any(
+                matched and pending.outcome.follow_ups
+                for pending, matched in zip(batch, recorded, strict=True)
+            ):
+                self._wake()
             # Still reserved: starting may wait for the finishing greenlets to
             # leave their slots, and the producer must not claim these meanwhile.
             if claim is not None:

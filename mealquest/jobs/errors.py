@@ -15,6 +15,10 @@ class UnknownKind(JobsError):
     """No handler is registered for that job kind."""
 
 
+class IdempotencyKeyReused(JobsError):
+    """That idempotency key was already used for another request."""
+
+
 class PoolAlreadyStarted(JobsError):
     """The pool has already been started."""
 
@@ -29,3 +33,11 @@ class LeaseLost(BaseException):
 
 class PoolStopping(BaseException):
     """The pool is stopping and did not wait for this job any longer."""
+
+
+class JobCancelled(BaseException):
+    """The job was cancelled and its handler did not stop within the grace.
+
+    A BaseException, like LeaseLost, so that a handler's `except Exception`
+    cannot swallow it.
+    """

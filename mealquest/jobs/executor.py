@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -24,8 +25,11 @@ from gevent.event import Event
 from gevent.greenlet import Greenlet
 from marshmallow import ValidationError
 
-from mealquest.jobs.errors import LeaseLost, PoolStopping
+from mealquest.jobs import enqueueing
+from mealquest.jobs.enqueueing import NewJob
+from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.model import (
+    DEFAULT_PRIORITY,
     MESSAGE_INTERNAL,
     MESSAGE_TIMED_OUT,
     Attempt,
@@ -59,10 +63,13 @@ class Outcome:
     result: str | None = None
     error: str | None = None
     delay_seconds: float | None = None
+    # Jobs the handler enqueued (`JobContext.enqueue`): inserted only with a
+    # success, in the same transaction, and only if the fence matched.
+    follow_ups: tuple[NewJob, ...] = ()
 
     def write(self, jobs: ModuleType, tx: Transaction, lease: Lease) -> bool:
         """Through `jobs`, the driver's job statements."""
-        return jobs.transition(
+        matched = jobs.transition(
             tx,
             lease,
             to=self.to,
@@ -71,6 +78,15 @@ class Outcome:
             error=self.error,
             delay_seconds=self.delay_seconds,
         )
+        if matched and self.to is Status.SUCCEEDED:
+            for job in self.follow_ups:
+                # A follow-up whose key another job holds is that job: the
+                # success must not fail over it.
+                enqueueing.insert(tx, jobs, job, on_reused_key="keep")
+        return matched
+
+
+CANCELLED = Outcome(Status.CANCELLED)
 
 
 def failed(error: str) -> Outcome:
@@ -100,6 +116,12 @@ class Running:
     # The pool gave up on a handler that would not die: nothing renews,
     # records or waits for this job any more.
     abandoned: bool = False
+    # A cancel reached the job (monotonic time; None: none did), and when the
+    # handler, still running after the kill grace, was killed for it.
+    cancelled_at: float | None = None
+    cancel_killed_at: float | None = None
+    # Jobs the handler enqueued, written with its success (`JobContext.enqueue`).
+    follow_ups: list[NewJob] = field(default_factory=list)
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -112,7 +134,9 @@ class Running:
 class JobContext:
     """What a handler gets besides its payload: who it is, and fenced writes."""
 
-    def __init__(self, store: Store, kind: Kind, entry: Running) -> None:
+    def __init__(
+        self, store: Store, kind: Kind, entry: Running, registry: Registry | None = None
+    ) -> None:
         job = entry.job
         self.job_id = job.id
         self.household_id = job.household_id
@@ -125,6 +149,52 @@ class JobContext:
         self._store = store
         self._kind = kind
         self._lease = entry.lease
+        self._entry = entry
+        self._registry = registry
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled while it ran. A cooperative handler
+        checks it between steps and returns (or raises) as soon as it is True:
+        the job ends cancelled whatever the handler does then. One that does
+        not stop is killed after the pool's kill grace."""
+        return self._entry.cancelled_at is not None
+
+    def enqueue(
+        self,
+        kind_name: str,
+        payload: Mapping[str, Any],
+        *,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        unique_key: str | None = None,
+    ) -> str:
+        """Enqueue a follow-up job for this job's household, fenced on this job's lease.
+
+        Validated now (ValidationError or UnknownKind here, as from
+        `JobService.enqueue`), written later: the follow-up is inserted in
+        the transaction that records this attempt's success, and only if that
+        fenced write matches. So if the attempt fails, is retried, times out,
+        is cancelled or interrupted, or its lease was lost to another process,
+        no follow-up of it exists, and a retried attempt enqueues its own. A
+        `unique_key` another job of the household holds makes no new job (and
+        does not fail the success). Returns the id the follow-up will have.
+        """
+        if self._registry is None:
+            raise RuntimeError("this context cannot enqueue")
+        job = enqueueing.prepare(
+            self._registry,
+            kind_name,
+            payload,
+            household_id=self.household_id,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            unique_key=unique_key,
+        )
+        self._entry.follow_ups.append(job)
+        return job.job_id
 
     def publish(self, partial: Any) -> None:
         """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
@@ -230,6 +300,33 @@ class Executor:
             assert entry.greenlet is not None
             entry.greenlet.kill(exception, block=False)
 
+    def cancel(self, job_id: str) -> int:
+        """Tell the handlers of `job_id` running here that the job was cancelled
+        (`ctx.cancelled`), and kill each that still runs after the kill grace.
+        Returns how many were told. A handler whose outcome is already being
+        written finished first: its outcome stands."""
+        told = 0
+        for entry in list(self.running.values()):
+            if entry.job.id != job_id or entry.cancelled_at is not None:
+                continue
+            if entry.recording or entry.taken is not None or entry.abandoned:
+                continue
+            entry.cancelled_at = time.monotonic()
+            told += 1
+            logger.info("job cancelled while running; telling its handler", extra=entry.extra)
+            gevent.spawn_later(self.settings.kill_grace_seconds, self._kill_cancelled, entry)
+        return told
+
+    def _kill_cancelled(self, entry: Running) -> None:
+        if not entry.alive() or entry.recording or entry.taken is not None or entry.abandoned:
+            return
+        logger.warning(
+            "handler did not stop after its job was cancelled; killing it", extra=entry.extra
+        )
+        entry.cancel_killed_at = time.monotonic()
+        assert entry.greenlet is not None
+        entry.greenlet.kill(JobCancelled, block=False)
+
     def _ended(self, entry: Running) -> None:
         if self.running.get(entry.lease) is entry:
             del self.running[entry.lease]
@@ -253,16 +350,25 @@ class Executor:
             return
         except PoolStopping:
             return  # the stopping pool records the job
+        except JobCancelled:
+            outcome = CANCELLED
         if entry.taken is not None or entry.abandoned:
             # The handler swallowed the pool's kill and returned: whoever took
             # the job records it.
             logger.warning("handler ended after its job was taken (%s)", entry.taken, extra=extra)
             return
+        if entry.cancelled_at is not None:
+            # However the handler ended once it was told: the job was cancelled.
+            outcome = CANCELLED
+        elif outcome.to is Status.SUCCEEDED and entry.follow_ups:
+            outcome = replace(outcome, follow_ups=tuple(entry.follow_ups))
         entry.recording = True
         assert self.completer is not None
         if not self.completer.record(entry.lease, outcome, extra):
             return
-        if outcome.to is Status.SUCCEEDED:
+        if outcome.to is Status.CANCELLED:
+            logger.info("job cancelled", extra=extra)
+        elif outcome.to is Status.SUCCEEDED:
             logger.info("job succeeded", extra=extra)
         elif outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
             logger.info("job re-queued for attempt %d", entry.job.attempt + 1, extra=extra)
@@ -306,7 +412,7 @@ class Executor:
             fields = sorted(error.messages) if isinstance(error, ValidationError) else []
             logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
             return failed(MESSAGE_INTERNAL)
-        context = JobContext(self.store, kind, entry)
+        context = JobContext(self.store, kind, entry, self.registry)
         timeout = kind.options.timeout_seconds
         timer = gevent.Timeout(timeout)
         entry.deadline = time.monotonic() + timeout

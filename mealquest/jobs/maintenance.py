@@ -1,8 +1,9 @@
 """The pool's maintenance services, each with a `run_once` that tests call directly.
 
 * `Rescuer`: interrupts running jobs whose lease expired, in any process.
-* `Heartbeat`: renews the leases of this process's jobs, and takes a job
-  from its handler when another process took its lease.
+* `Heartbeat`: renews the leases of this process's jobs, takes a job from
+  its handler when another process took its lease, and tells a handler its
+  job was cancelled (wherever the cancel was made).
 * `Watchdog`: acts on handlers that outlive their timeout, or their lease,
   by more than the kill grace.
 * `UnhandledKinds`: says in the log which queued jobs no handler here runs.
@@ -20,13 +21,14 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
+from types import ModuleType
 
 from mealquest.jobs.errors import LeaseLost
-from mealquest.jobs.executor import STOPPING, Executor, Running, failed
-from mealquest.jobs.model import MESSAGE_TIMED_OUT, Recovered
+from mealquest.jobs.executor import CANCELLED, STOPPING, Executor, Running, failed
+from mealquest.jobs.model import MESSAGE_TIMED_OUT, Lease, Recovered
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
-from mealquest.store import Store
+from mealquest.store import Store, Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class Rescuer:
                 "failed a job whose lease expired: interrupted by restart",
                 extra={"job_id": job_id},
             )
+        for job_id in recovered.cancelled:
+            logger.info("cancelled a job whose lease expired", extra={"job_id": job_id})
         return recovered
 
 
@@ -85,11 +89,11 @@ class Heartbeat:
         entries = [e for e in self.executor.running.values() if self.renewable(e, started)]
         if not entries:
             return 0
-        renewed = self.store.write(
-            self.store.jobs.renew_leases,
-            [e.lease for e in entries],
-            lease_seconds=self.settings.lease_seconds,
+        renewed, cancelled = self.store.write(
+            _beat, self.store.jobs, [e.lease for e in entries], self.settings.lease_seconds
         )
+        for job_id in cancelled:
+            self.executor.cancel(job_id)
         lost = 0
         for entry in entries:
             if (entry.lease.job_id, entry.lease.attempt) in renewed:
@@ -101,6 +105,15 @@ class Heartbeat:
                 logger.warning("job lost its lease; stopping its handler", extra=entry.extra)
                 self.executor.take(entry, "lease lost", LeaseLost)
         return lost
+
+
+def _beat(
+    tx: Transaction, jobs: ModuleType, leases: list[Lease], lease_seconds: float
+) -> tuple[set[tuple[str, int]], set[str]]:
+    """One heartbeat's transaction: the leases renewed, and the jobs among them
+    whose cancel was requested (by any process, or the operator)."""
+    renewed = jobs.renew_leases(tx, leases, lease_seconds=lease_seconds)
+    return renewed, jobs.cancel_requested(tx, leases)
 
 
 class Watchdog:
@@ -141,6 +154,10 @@ class Watchdog:
                 continue
             if entry.taken == STOPPING:
                 continue  # the stopping pool waits for it and records it
+            if entry.cancel_killed_at is not None and not entry.recording:
+                if now >= entry.cancel_killed_at + grace:
+                    hung.append((entry, f"did not stop {grace:g}s after its job was cancelled"))
+                continue
             if entry.taken is not None:
                 if now >= entry.taken_at + grace:
                     hung.append((entry, f"did not stop {grace:g}s after its job was taken"))
@@ -163,10 +180,12 @@ class Watchdog:
 
 def record_hung(executor: Executor, entry: Running) -> bool:
     """Record a job whose handler was given up on while its lease is still ours:
-    failed `timed out` (final: re-queued, it would run beside the live handler)."""
+    cancelled if it was, else failed `timed out` (final: re-queued, it would
+    run beside the live handler)."""
     if entry.taken is not None or executor.completer is None:
         return False  # taken: its lease is lost or its stop records it
-    return executor.completer.record(entry.lease, failed(MESSAGE_TIMED_OUT), entry.extra)
+    outcome = CANCELLED if entry.cancelled_at is not None else failed(MESSAGE_TIMED_OUT)
+    return executor.completer.record(entry.lease, outcome, entry.extra)
 
 
 class UnhandledKinds:

@@ -16,14 +16,24 @@ class Status(enum.StrEnum):
     """Held under a lease by one worker. That worker moves it to succeeded or
     failed, or back to queued for a retry; the rescuer or a stopping pool moves
     it to queued or failed (the kind's `on_interrupt`) when the lease is lost
-    or the pool stops."""
+    or the pool stops. Once a cancel was requested, each of them moves it to
+    cancelled instead of queued (and the worker instead of failed, when the
+    cancel reached it first)."""
     SUCCEEDED = "succeeded"
     """Final."""
     FAILED = "failed"
     """Final."""
+    CANCELLED = "cancelled"
+    """Final: a cancel moves a queued job here at once, and a running one
+    through the worker that runs it (see `RUNNING`)."""
 
 
-FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED)
+FINAL_STATUSES = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+# How lower and higher priorities run: lower first, as in Oban and River.
+DEFAULT_PRIORITY = 0
+MIN_PRIORITY = -32768
+MAX_PRIORITY = 32767
 
 
 class OnInterrupt(enum.StrEnum):
@@ -79,9 +89,15 @@ class Recovered:
 
     requeued: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
+    # Jobs whose cancel was requested: interrupted, they end cancelled.
+    cancelled: tuple[str, ...] = ()
 
     def __add__(self, other: Recovered) -> Recovered:
-        return Recovered(self.requeued + other.requeued, self.failed + other.failed)
+        return Recovered(
+            self.requeued + other.requeued,
+            self.failed + other.failed,
+            self.cancelled + other.cancelled,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +132,10 @@ class Job:
     finished_at: str | None
     on_interrupt: OnInterrupt
     interruptions: int
+    priority: int = DEFAULT_PRIORITY
+    unique_key: str | None = None
+    # When a cancel reached the job while it ran (it then ends cancelled).
+    cancel_requested_at: str | None = None
     # Set when the stored result is not JSON (a legacy or hand-edited row):
     # the result reads as None, and the runner fails such a job alone.
     result_undecodable: bool = False

@@ -59,6 +59,7 @@ class StopReport:
     finished: int = 0
     requeued: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
+    cancelled: tuple[str, ...] = ()
 
 
 class Pool:
@@ -85,7 +86,9 @@ class Pool:
         self.fatal_reason: str | None = None
         self.executor = Executor(store, registry, self.settings)
         self.producer = Producer(store, registry, self.settings, self.owner, self.executor)
-        self.completer = Completer(store, self.executor, self.producer.next_claim)
+        self.completer = Completer(
+            store, self.executor, self.producer.next_claim, wake=self.producer.wake
+        )
         self.executor.completer = self.completer
         self.rescuer = Rescuer(store, self.executor)
         self.heartbeat = Heartbeat(store, self.executor, self.settings)
@@ -153,6 +156,12 @@ class Pool:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
         self.producer.wake()
 
+    def cancel(self, job_id: str) -> int:
+        """Tell this process's handlers of `job_id` that it was cancelled (the
+        cancel is already committed); how many were told. Other processes
+        learn it at their next heartbeat."""
+        return self.executor.cancel(job_id)
+
     def stop(self, timeout: float, *, kill_grace: float | None = None) -> StopReport:
         """Stop claiming, let running jobs finish for up to `timeout` seconds, then
         stop the rest, give them `kill_grace` seconds (the setting's by default)
@@ -201,11 +210,15 @@ class Pool:
                 logger.exception("could not record stopped jobs; their leases will expire")
         self._maintenance_stop.set()
         gevent.killall(list(self.roles.values()), block=True, timeout=5)
-        report = StopReport(len(entries) - len(left), recovered.requeued, recovered.failed)
+        report = StopReport(
+            len(entries) - len(left), recovered.requeued, recovered.failed, recovered.cancelled
+        )
         for job_id in report.requeued:
             logger.warning("re-queued a job stopped by shutdown", extra={"job_id": job_id})
         for job_id in report.failed:
             logger.error("job stopped by shutdown: interrupted", extra={"job_id": job_id})
+        for job_id in report.cancelled:
+            logger.info("cancelled job stopped by shutdown: cancelled", extra={"job_id": job_id})
         logger.info("job pool stopped (owner %s)", self.owner)
         return report
 
@@ -213,14 +226,16 @@ class Pool:
         self, tx: Transaction, stopped: list[Running], hung: list[Running]
     ) -> Recovered:
         recovered = self.store.jobs.interrupt(tx, [e.lease for e in stopped])
-        failed = tuple(
-            entry.job.id
-            for entry in hung
-            if self.store.jobs.transition(
+        failed, cancelled = [], []
+        for entry in hung:
+            if entry.cancelled_at is not None:
+                if self.store.jobs.transition(tx, entry.lease, to=Status.CANCELLED):
+                    cancelled.append(entry.job.id)
+            elif self.store.jobs.transition(
                 tx, entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED
-            )
-        )
-        return recovered + Recovered(failed=failed)
+            ):
+                failed.append(entry.job.id)
+        return recovered + Recovered(failed=tuple(failed), cancelled=tuple(cancelled))
 
     # -- supervision ------------------------------------------------------------
 

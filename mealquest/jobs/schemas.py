@@ -20,6 +20,15 @@ class JobPathSchema(Schema):
     )
 
 
+def _time(description: str, *, nullable: bool = True) -> fields.String:
+    """A moment as stored: RFC 3339 UTC text with microseconds (`...T10:00:00.000000Z`)."""
+    return fields.String(
+        required=True,
+        allow_none=nullable,
+        metadata={"format": "date-time", "description": f"{description} (RFC 3339, UTC)"},
+    )
+
+
 class JobSchema(Schema):
     id = fields.String(
         required=True,
@@ -36,6 +45,20 @@ class JobSchema(Schema):
     error = fields.String(
         allow_none=True, required=True, metadata={"description": "set only on a failed job"}
     )
+    attempt = fields.Integer(
+        required=True,
+        validate=validate.Range(min=0),
+        metadata={"description": "attempts started so far (0 until the first starts)"},
+    )
+    max_attempts = fields.Integer(
+        required=True,
+        validate=validate.Range(min=1),
+        metadata={"description": "attempts the job may have"},
+    )
+    created_at = _time("when the job was enqueued", nullable=False)
+    run_at = _time("when the job is (or was last) due to run", nullable=False)
+    started_at = _time("when its latest attempt started; null until one has")
+    finished_at = _time("when it ended (succeeded, failed or cancelled); null until then")
 
 
 class JobListSchema(Schema):

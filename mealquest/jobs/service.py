@@ -3,26 +3,40 @@
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from flask import Flask
+from marshmallow import ValidationError
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
-from mealquest.jobs import retention
-from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
-from mealquest.jobs.model import Job, Status
+from mealquest.jobs import enqueueing, retention
+from mealquest.jobs.enqueueing import Enqueued, NewJob
+from mealquest.jobs.errors import PoolAlreadyStarted
+from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner import Pool, PoolSettings
 from mealquest.store import Store, Transaction
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["Enqueued", "JobRequest", "JobService", "init_app"]
 
-def new_job_id() -> str:
-    return uuid.uuid4().hex
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job of a bulk enqueue (`JobService.enqueue_many`): `enqueue`'s arguments."""
+
+    kind: str
+    payload: Mapping[str, Any]
+    household_id: int
+    run_at: datetime | None = None
+    delay: float | None = None
+    priority: int = DEFAULT_PRIORITY
+    unique_key: str | None = None
 
 
 class JobService:
@@ -39,36 +53,139 @@ class JobService:
         *,
         household_id: int,
         tx: Transaction | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        unique_key: str | None = None,
     ) -> str:
-        """Validate `payload` for the kind and store a queued job; returns its id.
+        """Validate `payload` for the kind and store a queued job; returns its id
+        (with `unique_key`, the id of the job the key names, new or not: see
+        `insert`).
 
-        With `tx`, the job joins that open transaction and commits (or not)
-        with the caller's own writes; the pool is woken only after the commit.
-        A bad payload raises marshmallow's ValidationError and stores nothing.
+        Due at `run_at` (a timezone-aware datetime), `delay` seconds from now
+        (the database's now), or now. Claims take due jobs by `priority`,
+        lower first (as Oban and River do; default 0), then oldest due first,
+        then in insertion order. With `tx`, the job joins that open
+        transaction and commits (or not) with the caller's own writes; the
+        pool is woken only after the commit. A bad payload or argument raises
+        marshmallow's ValidationError and stores nothing.
         """
-        kind = self.registry.get(kind_name)
-        if kind is None:
-            raise UnknownKind(f"{UnknownKind.__doc__}: {kind_name}")
-        payload_json = kind.canonical_payload(payload)
-        job_id = new_job_id()
+        return self.insert(
+            kind_name,
+            payload,
+            household_id=household_id,
+            tx=tx,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            unique_key=unique_key,
+        ).job_id
 
-        def insert(tx: Transaction) -> None:
-            self.store.jobs.insert_job(
-                tx,
-                job_id=job_id,
-                household_id=household_id,
-                kind=kind_name,
-                payload=payload_json,
-                max_attempts=kind.options.max_attempts,
-                on_interrupt=kind.options.interrupt_policy,
-            )
-            tx.after_commit(self._wake_pool)
+    def insert(
+        self,
+        kind_name: str,
+        payload: Mapping[str, Any],
+        *,
+        household_id: int,
+        tx: Transaction | None = None,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        unique_key: str | None = None,
+    ) -> Enqueued:
+        """`enqueue`, saying whether a job was made.
+
+        `unique_key` (1 to 255 visible ASCII characters) makes the enqueue
+        idempotent per household: while a job made with that key is less than
+        24 hours old, the same request again makes nothing and answers that
+        job (`created` False), and another request with it (another kind or
+        payload) raises IdempotencyKeyReused. Concurrent repeats make one
+        job: the database's unique index decides. After 24 hours the key may
+        name a new job.
+        """
+        job = enqueueing.prepare(
+            self.registry,
+            kind_name,
+            payload,
+            household_id=household_id,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            unique_key=unique_key,
+        )
+        return self._write([job], tx)[0]
+
+    def enqueue_many(
+        self, requests: Sequence[JobRequest], *, tx: Transaction | None = None
+    ) -> list[Enqueued]:
+        """Enqueue every request in one transaction, all or nothing.
+
+        Every request is validated before anything is written: one bad item
+        raises ValidationError with its index (`{2: {"value": [...]}}`), or
+        UnknownKind, and stores nothing; so does an idempotency key reused
+        with another request. Answers in the requests' order.
+        """
+        jobs: list[NewJob] = []
+        errors: dict[int, Any] = {}
+        for index, request in enumerate(requests):
+            try:
+                jobs.append(
+                    enqueueing.prepare(
+                        self.registry,
+                        request.kind,
+                        request.payload,
+                        household_id=request.household_id,
+                        run_at=request.run_at,
+                        delay=request.delay,
+                        priority=request.priority,
+                        unique_key=request.unique_key,
+                    )
+                )
+            except ValidationError as error:
+                errors[index] = error.normalized_messages()
+        if errors:
+            raise ValidationError(errors)
+        return self._write(jobs, tx)
+
+    def _write(self, jobs: list[NewJob], tx: Transaction | None) -> list[Enqueued]:
+        def insert(tx: Transaction) -> list[Enqueued]:
+            done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
+            if any(enqueued.created for enqueued in done):
+                tx.after_commit(self._wake_pool)
+            return done
 
         if tx is None:
-            self.store.write(insert)
-        else:
-            insert(tx)
-        return job_id
+            return self.store.write(insert)
+        return insert(tx)
+
+    def cancel(self, job_id: str, household_id: int | None = None) -> Job | None:
+        """Cancel a job (of that household; any household's with None, for operators).
+
+        Returns the job as it now is, or None if there is no such job:
+        `cancelled` (now, or already before: cancelling is idempotent);
+        `running` when it runs: its process stops the handler (at once in
+        this process, at its next heartbeat in another; `ctx.cancelled`
+        first, killed after the kill grace) and records it cancelled, unless
+        it finishes first, which keeps its outcome; `succeeded` or `failed`
+        when it was too late (nothing changed).
+        """
+        job = self.store.write(self.store.jobs.cancel_job, job_id, household_id)
+        if job is not None and job.status is Status.RUNNING and self.pool is not None:
+            self.pool.cancel(job.id)
+        return job
+
+    def retry(self, job_id: str, household_id: int | None = None) -> Job | None:
+        """Queue a failed or cancelled job again, due now, with a fresh attempt
+        budget (of that household; any household's with None, for operators).
+
+        Returns the job as it now is (`queued` if it was retried; any other
+        status means it was not failed or cancelled, and nothing changed), or
+        None if there is no such job. Its result and error are cleared.
+        """
+        job = self.store.write(self.store.jobs.retry_job, job_id, household_id)
+        if job is not None and job.status is Status.QUEUED:
+            self._wake_pool()
+        return job
 
     def _wake_pool(self) -> None:
         if self.pool is not None:

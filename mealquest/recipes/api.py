@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, request, url_for
+from flask import Blueprint, request
 
 from mealquest.auth import current_household
 from mealquest.errors import not_found
-from mealquest.extensions import get_jobs, get_store
+from mealquest.extensions import get_store
+from mealquest.jobs import http as jobs_http
 from mealquest.jobs.schemas import JobSchema
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
@@ -39,18 +40,18 @@ _query_schema = PageQuerySchema()
     body=_import_schema,
     response=_job_schema,
     status=202,
+    also={200: jobs_http.REPLAYED},
+    errors=(422,),
+    headers=(jobs_http.IDEMPOTENCY_HEADER_PARAMETER,),
     summary="Start importing a recipe from a web page; poll the job it answers.",
-    response_headers={"Location": {"description": "the job's URL", "schema": {"type": "string"}}},
+    response_headers=jobs_http.ENQUEUED_HEADERS,
 )
 def create_import() -> tuple[dict[str, Any], int, dict[str, str]]:
     # get_json: a body that is not JSON is Flask's 415 (wrong type) or 400
     # (malformed); an oversized one is 413. Validation happens before any write.
+    key = jobs_http.idempotency_key()
     body = _import_schema.load(request.get_json())
-    household_id = current_household().id
-    job_id = get_jobs().enqueue(KIND, body, household_id=household_id)
-    job = get_jobs().get(job_id, household_id=household_id)
-    location = url_for("api.jobs.get_job", job_id=job_id)
-    return _job_schema.dump(job), 202, {"Location": location}
+    return jobs_http.answer(jobs_http.enqueue(KIND, body, key))
 
 
 @recipes_bp.get("/<recipe_id>")

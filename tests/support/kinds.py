@@ -134,6 +134,33 @@ def flaky(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"attempt": ctx.attempt}
 
 
+def until_cancelled(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """A cooperative handler: publishes a step, then stops as soon as its job
+    is cancelled (the cancel is what ends it)."""
+    ctx.publish({"step": 1})
+    while not ctx.cancelled:
+        gevent.sleep(0.005)
+    return {"step": 1, "done": False}
+
+
+class FollowUpSchema(Schema):
+    values = fields.List(fields.Integer(strict=True), required=True)
+    fail_times = fields.Integer(load_default=0, strict=True)
+    failure = fields.String(load_default=None)
+
+
+def enqueue_follow_ups(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Enqueues a `succeed` job per value, then fails (a Failure, or its first
+    `fail_times` attempts) or succeeds."""
+    for value in payload["values"]:
+        ctx.enqueue("succeed", {"value": value}, priority=value)
+    if payload["failure"]:
+        raise Failure(payload["failure"])
+    if ctx.attempt <= payload["fail_times"]:
+        raise ConnectionError("flaky dependency")
+    return {"attempt": ctx.attempt}
+
+
 def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"value": "not a number"}
 
@@ -205,3 +232,17 @@ def register_test_kinds(registry: Registry) -> None:
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
     registry.register("bad_result", bad_result, payload=EmptySchema, result=ValueSchema)
+    registry.register(
+        "until_cancelled",
+        until_cancelled,
+        payload=EmptySchema,
+        result=StepResultSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "enqueue_follow_ups",
+        enqueue_follow_ups,
+        payload=FollowUpSchema,
+        result=AttemptSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )

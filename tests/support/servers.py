@@ -40,7 +40,7 @@ HEARTBEAT_SECONDS = 0.4
 RESCUE_SECONDS = 0.3
 POLL_SECONDS = 0.2
 
-FINAL = ("succeeded", "failed")
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 def free_port() -> int:

@@ -19,11 +19,11 @@ from flask import Blueprint, Response, request
 from marshmallow import Schema, fields, validate
 
 from mealquest import create_app
-from mealquest.auth import current_household, token_auth
+from mealquest.auth import token_auth
 from mealquest.extensions import get_jobs
+from mealquest.jobs import http as jobs_http
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import JobContext
-from mealquest.jobs.schemas import JobSchema
 from tests.support.gates import pass_gate
 from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
 
@@ -182,7 +182,6 @@ class EnqueueSchema(Schema):
 
 bp = Blueprint("serving_tests", __name__, url_prefix="/api/v1/test-jobs")
 _enqueue_schema = EnqueueSchema()
-_job_schema = JobSchema()
 
 
 @bp.before_request
@@ -193,13 +192,13 @@ def _require_token() -> None:
 
 @bp.post("")
 def enqueue() -> tuple[dict[str, Any], int, dict[str, str]]:
+    """Enqueues as `POST /api/v1/recipe-imports` does, `Idempotency-Key` included."""
+    key = jobs_http.idempotency_key()
     body = _enqueue_schema.load(request.get_json())
-    jobs = get_jobs()
-    job_id = jobs.enqueue(body["kind"], body["payload"], household_id=current_household().id)
+    enqueued = jobs_http.enqueue(body["kind"], body["payload"], key)
     if body["crash_after_enqueue"]:
         _kill_this_process()  # the job is committed; the answer never leaves
-    job = jobs.get(job_id)
-    return _job_schema.dump(job), 202, {"Location": f"/api/v1/jobs/{job_id}"}
+    return jobs_http.answer(enqueued)
 
 
 def _worker_pid(response: Response) -> Response:

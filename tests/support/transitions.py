@@ -45,7 +45,7 @@ CREATE TRIGGER test_job_transition AFTER INSERT OR UPDATE OF status ON jobs
 FOR EACH ROW EXECUTE FUNCTION test_record_transition();
 """
 
-FINAL = ("succeeded", "failed")
+FINAL = ("succeeded", "failed", "cancelled")
 
 Transition = tuple[str | None, str, int]
 

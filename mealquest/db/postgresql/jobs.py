@@ -39,8 +39,10 @@ from mealquest.jobs.model import (
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at"
 )
+# The claim's order: priority (lower first), then due time, then insertion order.
+CLAIM_ORDER = "priority, run_at, seq"
 _TIMES = (
     "run_at",
     "lease_expires_at",
@@ -48,6 +50,7 @@ _TIMES = (
     "updated_at",
     "started_at",
     "finished_at",
+    "cancel_requested_at",
 )
 # The moment a statement acts at: the transaction's start, or a test's.
 _NOW = "coalesce(%(now)s::timestamptz, now())"
@@ -98,15 +101,120 @@ def insert_job(
     payload: str,
     max_attempts: int,
     on_interrupt: OnInterrupt,
-) -> None:
-    """Queue a job, due now; listening processes hear of it when the transaction commits."""
-    tx.execute(
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    unique_key: str | None = None,
+    unique_digest: str | None = None,
+) -> bool:
+    """Queue a job, due at `run_at`, `delay_seconds` from the database's now, or
+    now; listening processes hear of it when the transaction commits.
+
+    With `unique_key`, nothing is inserted (False) when the household already
+    has a job holding that key: the unique index decides (a concurrent insert
+    of the same key waits for the other transaction, then inserts nothing).
+    True when the job was inserted.
+    """
+    cursor = tx.execute(
         "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-        "run_at, created_at, updated_at) "
-        "VALUES (%s, %s, %s, %s, 'queued', %s, %s, now(), now(), now())",
-        (job_id, household_id, kind, payload, max_attempts, str(on_interrupt)),
+        "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
+        "VALUES (%(id)s, %(household_id)s, %(kind)s, %(payload)s, 'queued', %(max_attempts)s, "
+        "%(on_interrupt)s, %(priority)s, %(unique_key)s, %(unique_digest)s, "
+        "coalesce(%(run_at)s::timestamptz, "
+        "now() + make_interval(secs => coalesce(%(delay)s::double precision, 0))), now(), now()) "
+        "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING",
+        {
+            "id": job_id,
+            "household_id": household_id,
+            "kind": kind,
+            "payload": payload,
+            "max_attempts": max_attempts,
+            "on_interrupt": str(on_interrupt),
+            "priority": priority,
+            "unique_key": unique_key,
+            "unique_digest": unique_digest,
+            "run_at": run_at,
+            "delay": None if delay_seconds is None else float(delay_seconds),
+        },
+    )
+    if cursor.rowcount != 1:
+        return False
+    notify_enqueued(tx)
+    return True
+
+
+def release_unique_key(
+    tx: PostgresTransaction, *, household_id: int, unique_key: str, older_than_seconds: float
+) -> int:
+    """Clear `unique_key` from the household's job that holds it, if that job was
+    created more than `older_than_seconds` ago (its window is over)."""
+    cursor = tx.execute(
+        "UPDATE jobs SET unique_key = NULL, unique_digest = NULL "
+        "WHERE household_id = %s AND unique_key = %s "
+        "AND created_at < now() - make_interval(secs => %s)",
+        (household_id, unique_key, float(older_than_seconds)),
+    )
+    return cursor.rowcount
+
+
+def holder_of_key(
+    tx: PostgresTransaction, *, household_id: int, unique_key: str
+) -> tuple[str, str] | None:
+    """The (id, digest) of the household's job holding `unique_key`, if any
+    (a statement of its own: it sees a concurrent insert that just committed)."""
+    row = tx.execute(
+        "SELECT id, unique_digest FROM jobs WHERE household_id = %s AND unique_key = %s",
+        (household_id, unique_key),
+    ).fetchone()
+    return (row["id"], row["unique_digest"]) if row else None
+
+
+def cancel_job(tx: PostgresTransaction, job_id: str, household_id: int | None = None) -> Job | None:
+    """Cancel a job: a queued one is cancelled at once; a running one gets
+    `cancel_requested_at` (its process stops it and records it cancelled).
+    Final jobs are left as they are. Returns the job as it now is (None: no
+    such job for that household). The update waits for a fenced write in
+    flight on the row and then judges the row as that write left it."""
+    tx.execute(
+        "UPDATE jobs SET "
+        "status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END, "
+        "finished_at = CASE status WHEN 'queued' THEN now() ELSE finished_at END, "
+        "cancel_requested_at = CASE status WHEN 'running' "
+        "THEN coalesce(cancel_requested_at, now()) ELSE cancel_requested_at END, "
+        "updated_at = now() "
+        "WHERE id = %(id)s AND status IN ('queued', 'running') "
+        "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
+        {"id": job_id, "household_id": household_id},
+    )
+    return get_job(tx, job_id, household_id)
+
+
+def retry_job(tx: PostgresTransaction, job_id: str, household_id: int | None = None) -> Job | None:
+    """Queue a failed or cancelled job again, due now, with a fresh attempt
+    budget; other jobs are left as they are. Returns the job as it now is."""
+    tx.execute(
+        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, result = NULL, "
+        "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
+        "run_at = now(), updated_at = now() "
+        "WHERE id = %(id)s AND status IN ('failed', 'cancelled') "
+        "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
+        {"id": job_id, "household_id": household_id},
     )
     notify_enqueued(tx)
+    return get_job(tx, job_id, household_id)
+
+
+def cancel_requested(tx: PostgresTransaction, leases: Iterable[Lease]) -> set[str]:
+    """The ids of the given leased jobs whose cancel was requested."""
+    arrays = _lease_arrays(leases)
+    if not arrays["ids"]:
+        return set()
+    rows = tx.execute(
+        f"SELECT jobs.id FROM jobs, {_LEASES} WHERE {_FENCE_ON_LEASES} "
+        "AND jobs.cancel_requested_at IS NOT NULL",
+        arrays,
+    ).fetchall()
+    return {row["id"] for row in rows}
 
 
 def claim(
@@ -118,7 +226,8 @@ def claim(
     kinds: Collection[str],
     now: datetime | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds`, oldest first, in one statement.
+    """Claim up to `limit` due queued jobs of `kinds` in one statement: by
+    priority (lower first), then oldest due first, then insertion order.
 
     `SKIP LOCKED`: concurrent claims take disjoint jobs instead of waiting on
     each other's rows. Only the kinds this process can run: during a rolling
@@ -130,7 +239,7 @@ def claim(
         "WITH next AS ("
         "SELECT seq FROM jobs WHERE status = 'queued' "
         f"AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[]) "
-        "ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
+        f"ORDER BY {CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
         "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s, "
         f"lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s), "
         f"started_at = {_NOW}, updated_at = {_NOW} "
@@ -143,8 +252,8 @@ def claim(
             "lease_seconds": float(lease_seconds),
         },
     ).fetchall()
-    # RETURNING gives no order; hand jobs out oldest first.
-    return sorted((_job(row) for row in rows), key=lambda job: (job.run_at, job.seq))
+    # RETURNING gives no order; hand jobs out in the claim's.
+    return sorted((_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq))
 
 
 def _qualified(table: str) -> str:
@@ -171,14 +280,20 @@ def owns(tx: PostgresTransaction, lease: Lease) -> bool:
 
 # Every way a running job leaves `running` through its own worker: the target
 # status's columns, plus what the ending attempt does to the counters. Each
-# write clears the lease and is fenced on it.
+# write clears the lease and is fenced on it. A job whose cancel was requested
+# goes to cancelled instead of back to the queue, its last partial result kept.
+_CANCELLING = "jobs.cancel_requested_at IS NOT NULL"
 _TO: dict[Status, str] = {
-    Status.SUCCEEDED: "result = %(result)s, finished_at = now()",
-    Status.FAILED: "error = %(error)s, finished_at = now()",
+    Status.SUCCEEDED: "status = %(to)s, result = %(result)s, finished_at = now()",
+    Status.FAILED: "status = %(to)s, error = %(error)s, finished_at = now()",
+    Status.CANCELLED: "status = %(to)s, finished_at = now()",
     # The partial result of the attempt that ended is not the next one's.
     Status.QUEUED: (
-        "result = NULL, run_at = CASE WHEN %(delay)s::double precision IS NULL THEN run_at "
-        "ELSE now() + make_interval(secs => %(delay)s::double precision) END"
+        f"status = CASE WHEN {_CANCELLING} THEN 'cancelled' ELSE 'queued' END, "
+        f"finished_at = CASE WHEN {_CANCELLING} THEN now() END, "
+        f"result = CASE WHEN {_CANCELLING} THEN jobs.result END, "
+        f"run_at = CASE WHEN {_CANCELLING} OR %(delay)s::double precision IS NULL "
+        "THEN jobs.run_at ELSE now() + make_interval(secs => %(delay)s::double precision) END"
     ),
 }
 _ATTEMPT: dict[Attempt, str] = {
@@ -202,13 +317,13 @@ def transition(
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
     started. `delay_seconds` None keeps its `run_at`, and so its place in the
-    queue.
+    queue. Either ends the job cancelled instead if a cancel was requested
+    meanwhile.
     """
     if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
         raise ValueError(f"no transition from running to {to} with {attempt}")
     cursor = tx.execute(
-        f"UPDATE jobs SET status = %(to)s, {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} "
-        f"WHERE {_FENCE}",
+        f"UPDATE jobs SET {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} WHERE {_FENCE}",
         {
             "to": str(to),
             "result": result,
@@ -262,13 +377,18 @@ def queued_of_other_kinds(conn: Executes, kinds: Collection[str]) -> dict[str, i
 
 # The interruption policy, in SQL so that one statement applies it to any
 # number of rows, whatever their kinds (UPDATE's expressions all read the row
-# as it was before the statement).
-_REQUEUES = f"(jobs.on_interrupt = 'requeue' AND jobs.interruptions + 1 < {MAX_INTERRUPTIONS})"
+# as it was before the statement). A job whose cancel was requested ends
+# cancelled, its last partial result kept.
+_REQUEUES = (
+    f"(jobs.on_interrupt = 'requeue' AND jobs.interruptions + 1 < {MAX_INTERRUPTIONS} "
+    f"AND NOT {_CANCELLING})"
+)
 _INTERRUPT = (
-    f"status = CASE WHEN {_REQUEUES} THEN 'queued' ELSE 'failed' END, "
+    f"status = CASE WHEN {_CANCELLING} THEN 'cancelled' "
+    f"WHEN {_REQUEUES} THEN 'queued' ELSE 'failed' END, "
     f"attempt = CASE WHEN {_REQUEUES} THEN jobs.attempt - 1 ELSE jobs.attempt END, "
     f"result = CASE WHEN {_REQUEUES} THEN NULL ELSE jobs.result END, "
-    f"error = CASE WHEN {_REQUEUES} THEN NULL ELSE %(interrupted)s END, "
+    f"error = CASE WHEN {_REQUEUES} OR {_CANCELLING} THEN NULL ELSE %(interrupted)s END, "
     f"finished_at = CASE WHEN {_REQUEUES} THEN NULL ELSE now() END, "
     f"interruptions = jobs.interruptions + 1, {_CLEAR_LEASE}"
 )
@@ -278,6 +398,7 @@ def _recovered(rows: list[dict[str, Any]]) -> Recovered:
     return Recovered(
         tuple(row["id"] for row in rows if row["status"] == Status.QUEUED),
         tuple(row["id"] for row in rows if row["status"] == Status.FAILED),
+        tuple(row["id"] for row in rows if row["status"] == Status.CANCELLED),
     )
 
 

@@ -32,8 +32,10 @@ from mealquest.store import Transaction
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at"
 )
+# The claim's order: priority (lower first), then due time, then insertion order.
+CLAIM_ORDER = "priority, run_at, seq"
 
 
 def insert_job(
@@ -45,13 +47,114 @@ def insert_job(
     payload: str,
     max_attempts: int,
     on_interrupt: OnInterrupt,
-) -> None:
-    now = _text(None)
-    tx.execute(
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    unique_key: str | None = None,
+    unique_digest: str | None = None,
+) -> bool:
+    """Queue a job, due at `run_at`, `delay_seconds` from now, or now.
+
+    With `unique_key`, nothing is inserted (False) when the household already
+    has a job holding that key: the unique index decides, so two concurrent
+    enqueues cannot both insert. True when the job was inserted.
+    """
+    moment = _moment(None)
+    if run_at is None:
+        run_at = moment + timedelta(seconds=delay_seconds or 0.0)
+    now = to_text(moment)
+    cursor = tx.execute(
         "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-        "run_at, created_at, updated_at) VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
-        (job_id, household_id, kind, payload, max_attempts, str(on_interrupt), now, now, now),
+        "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING",
+        (
+            job_id,
+            household_id,
+            kind,
+            payload,
+            max_attempts,
+            str(on_interrupt),
+            priority,
+            unique_key,
+            unique_digest,
+            to_text(run_at),
+            now,
+            now,
+        ),
     )
+    return cursor.rowcount == 1
+
+
+def release_unique_key(
+    tx: Transaction, *, household_id: int, unique_key: str, older_than_seconds: float
+) -> int:
+    """Clear `unique_key` from the household's job that holds it, if that job was
+    created more than `older_than_seconds` ago (its window is over)."""
+    cutoff = _text(_moment(None) - timedelta(seconds=older_than_seconds))
+    cursor = tx.execute(
+        "UPDATE jobs SET unique_key = NULL, unique_digest = NULL "
+        "WHERE household_id = ? AND unique_key = ? AND created_at < ?",
+        (household_id, unique_key, cutoff),
+    )
+    return cursor.rowcount
+
+
+def holder_of_key(tx: Transaction, *, household_id: int, unique_key: str) -> tuple[str, str] | None:
+    """The (id, digest) of the household's job holding `unique_key`, if any."""
+    row = tx.execute(
+        "SELECT id, unique_digest FROM jobs WHERE household_id = ? AND unique_key = ?",
+        (household_id, unique_key),
+    ).fetchone()
+    return (row["id"], row["unique_digest"]) if row else None
+
+
+def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
+    """Cancel a job: a queued one is cancelled at once; a running one gets
+    `cancel_requested_at` (its process stops it and records it cancelled).
+    Final jobs are left as they are. Returns the job as it now is (None: no
+    such job for that household)."""
+    now = _text(None)
+    scope = "" if household_id is None else " AND household_id = :household_id"
+    tx.execute(
+        "UPDATE jobs SET "
+        "status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END, "
+        "finished_at = CASE status WHEN 'queued' THEN :now ELSE finished_at END, "
+        "cancel_requested_at = CASE status WHEN 'running' "
+        "THEN COALESCE(cancel_requested_at, :now) ELSE cancel_requested_at END, "
+        "updated_at = :now "
+        f"WHERE id = :job_id AND status IN ('queued', 'running'){scope}",
+        {"now": now, "job_id": job_id, "household_id": household_id},
+    )
+    return get_job(tx.conn, job_id, household_id)
+
+
+def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
+    """Queue a failed or cancelled job again, due now, with a fresh attempt
+    budget; other jobs are left as they are. Returns the job as it now is."""
+    now = _text(None)
+    scope = "" if household_id is None else " AND household_id = :household_id"
+    tx.execute(
+        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, result = NULL, "
+        "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
+        "run_at = :now, updated_at = :now "
+        f"WHERE id = :job_id AND status IN ('failed', 'cancelled'){scope}",
+        {"now": now, "job_id": job_id, "household_id": household_id},
+    )
+    return get_job(tx.conn, job_id, household_id)
+
+
+def cancel_requested(tx: Transaction, leases: Iterable[Lease]) -> set[str]:
+    """The ids of the given leased jobs whose cancel was requested."""
+    found = set()
+    for lease in leases:
+        row = tx.execute(
+            f"SELECT 1 FROM jobs WHERE {_FENCE} AND cancel_requested_at IS NOT NULL",
+            _fence(lease),
+        ).fetchone()
+        if row is not None:
+            found.add(lease.job_id)
+    return found
 
 
 def _moment(now: datetime | None) -> datetime:
@@ -77,7 +180,8 @@ def claim(
     kinds: Collection[str],
     now: datetime | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds`, oldest first, in one statement.
+    """Claim up to `limit` due queued jobs of `kinds` in one statement: by
+    priority (lower first), then oldest due first, then insertion order.
 
     Only the kinds this process can run: during a rolling deploy that adds a
     kind, older processes leave its jobs queued for the newer ones.
@@ -89,7 +193,7 @@ def claim(
         "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
         "lease_expires_at = ?, started_at = ?, updated_at = ? "
         "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
-        f"AND kind IN ({_placeholders(kinds)}) ORDER BY run_at, seq LIMIT ?) "
+        f"AND kind IN ({_placeholders(kinds)}) ORDER BY {CLAIM_ORDER} LIMIT ?) "
         f"RETURNING {_COLUMNS}",
         (
             owner,
@@ -101,8 +205,10 @@ def claim(
             limit,
         ),
     ).fetchall()
-    # RETURNING gives no order; hand jobs out oldest first.
-    return sorted((Job.from_row(row) for row in rows), key=lambda job: (job.run_at, job.seq))
+    # RETURNING gives no order; hand jobs out in the claim's.
+    return sorted(
+        (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
+    )
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
@@ -127,12 +233,20 @@ def owns(tx: Transaction, lease: Lease) -> bool:
 
 # Every way a running job leaves `running` through its own worker: the target
 # status's columns, plus what the ending attempt does to the counters. Each
-# write clears the lease and is fenced on it.
+# write clears the lease and is fenced on it. A job whose cancel was requested
+# goes to cancelled instead of back to the queue, its last partial result kept.
+_CANCELLING = "cancel_requested_at IS NOT NULL"
 _TO: dict[Status, str] = {
-    Status.SUCCEEDED: "result = :result, finished_at = :now",
-    Status.FAILED: "error = :error, finished_at = :now",
+    Status.SUCCEEDED: "status = :to, result = :result, finished_at = :now",
+    Status.FAILED: "status = :to, error = :error, finished_at = :now",
+    Status.CANCELLED: "status = :to, finished_at = :now",
     # The partial result of the attempt that ended is not the next one's.
-    Status.QUEUED: "result = NULL, run_at = COALESCE(:run_at, run_at)",
+    Status.QUEUED: (
+        f"status = CASE WHEN {_CANCELLING} THEN 'cancelled' ELSE 'queued' END, "
+        f"finished_at = CASE WHEN {_CANCELLING} THEN :now END, "
+        f"result = CASE WHEN {_CANCELLING} THEN result END, "
+        f"run_at = CASE WHEN {_CANCELLING} THEN run_at ELSE COALESCE(:run_at, run_at) END"
+    ),
 }
 _ATTEMPT: dict[Attempt, str] = {
     Attempt.SPEND: "interruptions = 0",
@@ -155,15 +269,15 @@ def transition(
 
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
-    started (`delay_seconds` None keeps its place in the queue).
+    started (`delay_seconds` None keeps its place in the queue). Either ends
+    the job cancelled instead if a cancel was requested meanwhile.
     """
     if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
         raise ValueError(f"no transition from running to {to} with {attempt}")
     moment = _moment(None)
     run_at = None if delay_seconds is None else _text(moment + timedelta(seconds=delay_seconds))
     cursor = tx.execute(
-        f"UPDATE jobs SET status = :to, {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} "
-        f"WHERE {_FENCE}",
+        f"UPDATE jobs SET {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} WHERE {_FENCE}",
         {
             "to": str(to),
             "now": _text(moment),
@@ -219,13 +333,17 @@ def queued_of_other_kinds(conn: sqlite3.Connection, kinds: Collection[str]) -> d
 
 # The interruption policy, in SQL so that one statement applies it to any
 # number of rows, whatever their kinds (UPDATE's expressions all read the row
-# as it was before the statement).
-_REQUEUES = f"(on_interrupt = 'requeue' AND interruptions + 1 < {MAX_INTERRUPTIONS})"
+# as it was before the statement). A job whose cancel was requested ends
+# cancelled, its last partial result kept.
+_REQUEUES = (
+    f"(on_interrupt = 'requeue' AND interruptions + 1 < {MAX_INTERRUPTIONS} AND NOT {_CANCELLING})"
+)
 _INTERRUPT = (
-    f"status = CASE WHEN {_REQUEUES} THEN 'queued' ELSE 'failed' END, "
+    f"status = CASE WHEN {_CANCELLING} THEN 'cancelled' "
+    f"WHEN {_REQUEUES} THEN 'queued' ELSE 'failed' END, "
     f"attempt = CASE WHEN {_REQUEUES} THEN attempt - 1 ELSE attempt END, "
     f"result = CASE WHEN {_REQUEUES} THEN NULL ELSE result END, "
-    f"error = CASE WHEN {_REQUEUES} THEN NULL ELSE :interrupted END, "
+    f"error = CASE WHEN {_REQUEUES} OR {_CANCELLING} THEN NULL ELSE :interrupted END, "
     f"finished_at = CASE WHEN {_REQUEUES} THEN NULL ELSE :now END, "
     f"interruptions = interruptions + 1, {_CLEAR_LEASE}"
 )
@@ -242,6 +360,7 @@ def _interrupt(tx: Transaction, condition: str, params: dict[str, object]) -> Re
     return Recovered(
         tuple(row["id"] for row in rows if row["status"] == Status.QUEUED),
         tuple(row["id"] for row in rows if row["status"] == Status.FAILED),
+        tuple(row["id"] for row in rows if row["status"] == Status.CANCELLED),
     )
 
 

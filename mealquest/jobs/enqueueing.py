@@ -1,0 +1,176 @@
+"""Turning requests for jobs into rows: validation first, then one insert each.
+
+`prepare` checks everything a job needs before anything is written (its kind,
+its payload against the kind's schema, when it runs, its priority, its
+idempotency key), so that a bad request, or a bad item of a bulk enqueue,
+stores nothing. `insert` writes a prepared job inside an open transaction,
+through the driver's statements; with an idempotency key, the driver's unique
+index decides which of two concurrent inserts makes the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from marshmallow import ValidationError
+
+from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
+from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, OnInterrupt
+from mealquest.jobs.registry import Registry
+
+# How long an idempotency key names its job: a repeat within the window is
+# answered with the same job; after it, the key may name a new one.
+IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
+# 1 to 255 visible ASCII characters (no space, no control character).
+UNIQUE_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
+UNIQUE_KEY_RULE = "must be 1 to 255 visible ASCII characters"
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to be inserted (nothing about it can fail validation any more)."""
+
+    job_id: str
+    household_id: int
+    kind: str
+    payload: str
+    max_attempts: int
+    on_interrupt: OnInterrupt
+    priority: int = DEFAULT_PRIORITY
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    unique_key: str | None = None
+
+    @property
+    def unique_digest(self) -> str | None:
+        """What tells a repeat of the request from another request reusing the key:
+        the kind and the canonical payload (so `{"a":1}` and `{ "a": 1 }` are
+        the same request)."""
+        if self.unique_key is None:
+            return None
+        return hashlib.sha256(f"{self.kind}\n{self.payload}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What an enqueue did: `created` is False when an idempotency key named a
+    job that already existed, which `job_id` is then."""
+
+    job_id: str
+    created: bool = True
+
+
+def check_unique_key(key: str) -> str:
+    if not isinstance(key, str) or not UNIQUE_KEY_PATTERN.match(key):
+        raise ValidationError({"unique_key": [UNIQUE_KEY_RULE]})
+    return key
+
+
+def prepare(
+    registry: Registry,
+    kind_name: str,
+    payload: Mapping[str, Any],
+    *,
+    household_id: int,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = DEFAULT_PRIORITY,
+    unique_key: str | None = None,
+) -> NewJob:
+    """Validate one job request; raises UnknownKind, or ValidationError naming
+    each bad field (the payload's own fields as the kind's schema names them)."""
+    kind = registry.get(kind_name)
+    if kind is None:
+        raise UnknownKind(f"{(UnknownKind.__doc__ or '').rstrip('.')}: {kind_name}")
+    errors: dict[str, list[str]] = {}
+    if run_at is not None and delay is not None:
+        errors["run_at"] = ["give run_at or delay, not both"]
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+        errors["run_at"] = ["must be a timezone-aware datetime"]
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+    ):
+        errors["delay"] = ["must be a number of seconds, 0 or more"]
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        errors["priority"] = [f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}"]
+    if unique_key is not None:
+        try:
+            check_unique_key(unique_key)
+        except ValidationError as error:
+            errors.update(error.normalized_messages())
+    if errors:
+        raise ValidationError(errors)
+    return NewJob(
+        job_id=new_job_id(),
+        household_id=household_id,
+        kind=kind_name,
+        payload=kind.canonical_payload(payload),
+        max_attempts=kind.options.max_attempts,
+        on_interrupt=kind.options.interrupt_policy,
+        priority=priority,
+        run_at=run_at,
+        delay_seconds=None if delay is None else float(delay),
+        unique_key=unique_key,
+    )
+
+
+def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "raise") -> Enqueued:
+    """Insert a prepared job in the open transaction `tx` through `jobs`, the
+    driver's job statements.
+
+    With an idempotency key: a key whose window is over is taken from its old
+    job first; then the insert does nothing if the household's key is still
+    held (the unique index decides, also against a concurrent insert). The
+    holder is then the answer if it was made by the same request; if not,
+    IdempotencyKeyReused (`on_reused_key="raise"`), or the holder all the same
+    (`"keep"`).
+    """
+    values = {
+        "job_id": job.job_id,
+        "household_id": job.household_id,
+        "kind": job.kind,
+        "payload": job.payload,
+        "max_attempts": job.max_attempts,
+        "on_interrupt": job.on_interrupt,
+        "priority": job.priority,
+        "run_at": job.run_at,
+        "delay_seconds": job.delay_seconds,
+        "unique_key": job.unique_key,
+        "unique_digest": job.unique_digest,
+    }
+    if job.unique_key is None:
+        jobs.insert_job(tx, **values)
+        return Enqueued(job.job_id)
+    jobs.release_unique_key(
+        tx,
+        household_id=job.household_id,
+        unique_key=job.unique_key,
+        older_than_seconds=IDEMPOTENCY_WINDOW_SECONDS,
+    )
+    # Twice at most: the holder's key may be released between the insert and
+    # the look (its window ending just then), and the next insert then wins.
+    for _ in range(2):
+        if jobs.insert_job(tx, **values):
+            return Enqueued(job.job_id)
+        holder = jobs.holder_of_key(tx, household_id=job.household_id, unique_key=job.unique_key)
+        if holder is not None:
+            holder_id, digest = holder
+            if digest != job.unique_digest and on_reused_key == "raise":
+                raise IdempotencyKeyReused(IdempotencyKeyReused.__doc__)
+            return Enqueued(holder_id, created=False)
+    raise RuntimeError("an idempotency key kept changing hands")

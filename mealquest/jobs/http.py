@@ -1,0 +1,75 @@
+"""What routes that enqueue a job share: the `Idempotency-Key` header, and the answer.
+
+A request with an `Idempotency-Key` (1 to 255 visible ASCII characters) is
+enqueued with it as the job's unique key, per household: the same request
+again within 24 hours answers `200` with the job the first one made (and its
+`Location`), creating nothing; the same key with another request is `422
+idempotency_key_reused`; a bad key is `400 validation_error` naming the
+header. Without the header every request makes a job (`202`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flask import request, url_for
+from marshmallow import ValidationError
+
+from mealquest.auth import current_household
+from mealquest.errors import APIError, not_found
+from mealquest.extensions import get_jobs
+from mealquest.jobs.enqueueing import UNIQUE_KEY_PATTERN, UNIQUE_KEY_RULE, Enqueued
+from mealquest.jobs.errors import IdempotencyKeyReused
+from mealquest.jobs.schemas import JobSchema
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+# The header as the OpenAPI document describes it (`@operation(headers=...)`).
+IDEMPOTENCY_HEADER_PARAMETER: dict[str, Any] = {
+    "name": IDEMPOTENCY_HEADER,
+    "required": False,
+    "description": (
+        "makes the request idempotent for 24 hours, per household: a repeat with the "
+        "same key and body answers 200 with the same job and creates nothing; the same "
+        "key with another body is 422 `idempotency_key_reused`"
+    ),
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
+ENQUEUED_HEADERS: dict[str, dict[str, Any]] = {
+    "Location": {"description": "the job's URL", "required": True, "schema": {"type": "string"}}
+}
+REPLAYED = "a repeat of an earlier request with the same `Idempotency-Key`: the job it made"
+
+_job_schema = JobSchema()
+
+
+def idempotency_key() -> str | None:
+    """The request's `Idempotency-Key`, checked (ValidationError naming the header)."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not UNIQUE_KEY_PATTERN.match(key):
+        raise ValidationError({IDEMPOTENCY_HEADER: [UNIQUE_KEY_RULE]})
+    return key
+
+
+def enqueue(kind: str, payload: Mapping[str, Any], key: str | None) -> Enqueued:
+    """Enqueue for the authenticated household with the request's key (see the module)."""
+    try:
+        return get_jobs().insert(kind, payload, household_id=current_household().id, unique_key=key)
+    except IdempotencyKeyReused:
+        raise APIError(
+            422,
+            "idempotency_key_reused",
+            f"that {IDEMPOTENCY_HEADER} was already used with another request",
+        ) from None
+
+
+def answer(enqueued: Enqueued) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """`202` with a new job, `200` with the one a repeated key names; `Location` either way."""
+    job = get_jobs().get(enqueued.job_id, household_id=current_household().id)
+    if job is None:  # deleted since (a retention prune): the key went with it
+        raise not_found("job not found")
+    location = url_for("api.jobs.get_job", job_id=job.id)
+    return _job_schema.dump(job), 202 if enqueued.created else 200, {"Location": location}
