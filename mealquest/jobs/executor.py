@@ -36,6 +36,7 @@ from mealquest.jobs.model import (
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.metrics import runs as job_metrics
 from mealquest.store import Store, StoreUnavailable, Transaction
 
 if TYPE_CHECKING:
@@ -262,6 +263,7 @@ class Executor:
         assert self.completer is not None
         if not self.completer.record(entry.lease, outcome, extra):
             return
+        job_metrics.attempt_recorded(entry, outcome, self.registry)
         if outcome.to is Status.SUCCEEDED:
             logger.info("job succeeded", extra=extra)
         elif outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:

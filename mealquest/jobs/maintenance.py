@@ -26,6 +26,7 @@ from mealquest.jobs.executor import STOPPING, Executor, Running, failed
 from mealquest.jobs.model import MESSAGE_TIMED_OUT, Recovered
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.metrics import runs as job_metrics
 from mealquest.store import Store
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Rescuer:
         if self.executor is not None:
             keep = [e.lease for e in self.executor.running.values() if e.alive()]
         recovered = self.store.write(self.store.jobs.rescue_expired, keep=keep, now=now)
+        job_metrics.rescued(self.store, recovered)
         for job_id in recovered.requeued:
             logger.warning("re-queued a job whose lease expired", extra={"job_id": job_id})
         for job_id in recovered.failed:
@@ -166,7 +168,10 @@ def record_hung(executor: Executor, entry: Running) -> bool:
     failed `timed out` (final: re-queued, it would run beside the live handler)."""
     if entry.taken is not None or executor.completer is None:
         return False  # taken: its lease is lost or its stop records it
-    return executor.completer.record(entry.lease, failed(MESSAGE_TIMED_OUT), entry.extra)
+    recorded = executor.completer.record(entry.lease, failed(MESSAGE_TIMED_OUT), entry.extra)
+    if recorded:
+        job_metrics.failed_given_up(entry.job.kind)
+    return recorded
 
 
 class UnhandledKinds:
