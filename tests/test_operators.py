@@ -9,6 +9,7 @@ import pytest
 
 from mealquest.jobs.model import Status
 from mealquest.operators import TOKEN_PREFIX, create_operator, operator_for_token
+from tests.conftest import wait_for
 from tests.support import sql
 
 pytestmark = pytest.mark.both_databases
@@ -150,3 +151,28 @@ def test_kinds_of_names_each_existing_job(store, jobs, household):
         two: "sleep",
     }
     assert store.read(store.operations.kinds_of, []) == {}
+
+
+def test_queue_figures_agree_with_the_table_after_every_kind_of_change(store, jobs, household):
+    """On SQLite the counts are kept by triggers; they must match a count of
+    the rows after inserts, runs, retries, rescues and deletes."""
+    ids = [_insert(jobs, "succeed", {"value": n}, household) for n in range(5)]
+    ids += [_insert(jobs, "fail_with_failure", {"message": "no"}, household) for _ in range(2)]
+    pool = jobs.start_pool()
+    wait_for(lambda: all(jobs.get(i).status in (Status.SUCCEEDED, Status.FAILED) for i in ids))
+    pool.stop(timeout=1)
+    assert store.write(store.operations.retry_job, ids[-1])
+    assert store.write(store.operations.delete_job, ids[0])
+    sql.execute(store, "UPDATE jobs SET kind = 'renamed' WHERE id = ?", (ids[1],))
+    sql.execute(store, "DELETE FROM jobs WHERE id = ?", (ids[2],))
+    counted = {
+        (row["kind"], row["status"]): row["n"]
+        for row in sql.rows(store, "SELECT kind, status, count(*) AS n FROM jobs GROUP BY 1, 2")
+    }
+    assert store.read(store.operations.queue_figures).counts == counted
+    assert counted == {
+        ("succeed", "succeeded"): 2,
+        ("renamed", "succeeded"): 1,
+        ("fail_with_failure", "failed"): 1,
+        ("fail_with_failure", "queued"): 1,
+    }

@@ -1,9 +1,9 @@
 """The SQL of the operator's views and actions on SQLite: queue figures across
 households, and the dashboard's retry and delete.
 
-Each read is bounded by an index (`jobs_status_kind_seq`, the claim's partial
-index, `jobs_finished_at`): reads run on the process's event loop, so none
-may walk the table's rows.
+Each read is bounded: counts come from `job_counts` (kept by triggers), the
+rest from indexes (`jobs_due_by_kind`, `jobs_finished_at`). Reads run on the
+process's event loop, so none may walk the table's rows.
 """
 
 from __future__ import annotations
@@ -22,26 +22,25 @@ _RETRYABLE = ("failed", "cancelled")
 
 
 def queue_figures(conn: sqlite3.Connection, now: datetime | None = None) -> QueueFigures:
-    """Rows by (kind, status), the oldest due queued job of each kind, and how
-    many jobs finished in the hour before `now` (None: the wall clock)."""
+    """Rows by (kind, status) from `job_counts` (kept by triggers), the oldest
+    due queued job of each kind (`jobs_due_by_kind`), and how many jobs
+    finished in the hour before `now` (None: the wall clock)."""
     moment = now or utc_now()
     now_text = to_text(moment)
     counts = {
-        (row[0], row[1]): row[2]
-        for row in conn.execute(
-            "SELECT kind, status, count(*) FROM jobs INDEXED BY jobs_status_kind_seq "
-            "GROUP BY status, kind"
-        )
+        (row["kind"], row["status"]): row["count"]
+        for row in conn.execute("SELECT kind, status, count FROM job_counts WHERE count > 0")
     }
     oldest: dict[str, DueJob] = {}
-    for row in conn.execute(
-        "SELECT kind, id, min(run_at) AS run_at FROM jobs "
-        "WHERE status = 'queued' AND run_at <= ? GROUP BY kind",
-        (now_text,),
-    ):
-        due = datetime.fromisoformat(row["run_at"].replace("Z", "+00:00"))
-        age = max(0.0, (moment - due).total_seconds())
-        oldest[row["kind"]] = DueJob(row["id"], row["kind"], age)
+    for kind in sorted({kind for kind, status in counts if status == Status.QUEUED}):
+        row = conn.execute(
+            "SELECT id, run_at FROM jobs WHERE kind = ? AND status = 'queued' AND run_at <= ? "
+            "ORDER BY run_at LIMIT 1",
+            (kind, now_text),
+        ).fetchone()
+        if row is not None:
+            due = datetime.fromisoformat(row["run_at"].replace("Z", "+00:00"))
+            oldest[kind] = DueJob(row["id"], kind, max(0.0, (moment - due).total_seconds()))
     finished = conn.execute(
         "SELECT count(*) FROM jobs WHERE finished_at IS NOT NULL AND finished_at >= ?",
         (to_text(moment - timedelta(hours=1)),),
