@@ -146,7 +146,7 @@ def measure(database: dict[str, Any], rounds: int) -> list[tuple[str, float, flo
     figures = cached_figures(app)
 
     def cold() -> None:
-        figures._figures = None
+        figures.forget()
 
     pages = [
         ("overview (figures read afresh)", "/admin/", cold),

@@ -219,15 +219,21 @@ def test_routes_are_labelled_by_their_url_rule_never_the_raw_path(
     assert value(after, "mealquest_http_request_duration_seconds_count", route=rule) >= 2
 
 
-def test_queue_figures_are_read_once_per_interval(store, jobs, household):
+def test_queue_figures_are_read_once_per_interval_and_never_waited_for_again(
+    store, jobs, household
+):
     now = [0.0]
     cached = CachedFigures(store, max_age=1.5, clock=lambda: now[0])
-    assert cached.get().counts == {}
+    assert cached.get().counts == {}  # the first read is waited for
     jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     now[0] = 1.0
-    assert cached.get().counts == {}  # still the figures read at 0
+    assert cached.get().counts == {}  # fresh enough: no read
+    gevent.sleep(0.05)
+    assert cached.get().counts == {}
     now[0] = 1.6
-    assert cached.get().counts == {("succeed", "queued"): 1}
+    # Stale: answered at once while one greenlet reads again.
+    assert cached.get().counts == {}
+    assert wait_for(lambda: cached.get().counts) == {("succeed", "queued"): 1}
 
 
 def test_flask_jobs_work_serves_metrics_on_its_own_port_for_operators_only(
