@@ -98,6 +98,7 @@ class CachedFigures:
         self._figures = None
 
     def _read(self) -> None:
+        self.store.write(self.store.operations.fold_counts)
         self._figures = self.store.read(self.store.operations.queue_figures)
         self._read_at = self.clock()
 

@@ -88,9 +88,11 @@ def test_metrics_has_exactly_the_documented_names_and_labels(
     app, client, jobs, household, operator
 ):
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-    jobs.start_pool()
+    pool = jobs.start_pool()
     wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    pool.stop(timeout=1)  # records the run's outcome before it returns
     jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
+    assert client.get("/healthz").status_code == 200
     text = scrape(client, operator)
     families = {family.name: family for family in text_string_to_metric_families(text)}
     assert set(families) >= NAMES

@@ -1,9 +1,10 @@
 """The SQL of the operator's views and actions on PostgreSQL: queue figures
 across households, and the dashboard's retry and delete.
 
-Each read is bounded by an index (`jobs_status_kind_seq` with an index-only
-scan, the claim's partial index, `jobs_finished_at`). Times are the
-database's (`now()`), as everywhere on this driver.
+Each read is bounded: counts come from `job_counts` and the changes not yet
+folded into it (kept by triggers, see the migration), the rest from indexes
+(`jobs_due_by_kind`, `jobs_finished_at`). Times are the database's (`now()`),
+as everywhere on this driver.
 """
 
 from __future__ import annotations
@@ -25,16 +26,21 @@ def queue_figures(conn: Executes, now: datetime | None = None) -> QueueFigures:
     """Rows by (kind, status), the oldest due queued job of each kind, and how
     many jobs finished in the hour before `now` (None: the database's clock)."""
     counts = {
-        (row["kind"], row["status"]): row["count"]
+        (row["kind"], row["status"]): int(row["count"])
         for row in conn.execute(
-            "SELECT kind, status, count(*) AS count FROM jobs GROUP BY status, kind"
+            "SELECT kind, status, sum(n) AS count FROM ("
+            "SELECT kind, status, count AS n FROM job_counts "
+            "UNION ALL SELECT kind, status, change FROM job_count_changes"
+            ") AS c GROUP BY kind, status HAVING sum(n) > 0"
         ).fetchall()
     }
+    queued = sorted({kind for kind, status in counts if status == Status.QUEUED})
     rows = conn.execute(
-        "SELECT DISTINCT ON (kind) kind, id, "
-        f"extract(epoch FROM {_NOW} - run_at)::float8 AS age FROM jobs "
-        f"WHERE status = 'queued' AND run_at <= {_NOW} ORDER BY kind, run_at, seq",
-        {"now": now},
+        f"SELECT k.kind, due.id, extract(epoch FROM {_NOW} - due.run_at)::float8 AS age "
+        "FROM unnest(%(kinds)s::text[]) AS k(kind) CROSS JOIN LATERAL ("
+        "SELECT id, run_at FROM jobs WHERE jobs.kind = k.kind AND status = 'queued' "
+        f"AND run_at <= {_NOW} ORDER BY run_at LIMIT 1) AS due",
+        {"now": now, "kinds": queued},
     ).fetchall()
     oldest = {row["kind"]: DueJob(row["id"], row["kind"], max(0.0, row["age"])) for row in rows}
     finished = conn.execute(
@@ -43,6 +49,12 @@ def queue_figures(conn: Executes, now: datetime | None = None) -> QueueFigures:
         {"now": now},
     ).fetchone()["count"]
     return QueueFigures(counts=counts, oldest_due=oldest, finished_last_hour=finished)
+
+
+def fold_counts(tx: PostgresTransaction) -> None:
+    """Fold the noted changes of jobs' kinds and statuses into `job_counts`
+    (skipped if another transaction is folding), so reading them stays cheap."""
+    tx.execute("SELECT job_counts_fold()")
 
 
 def kinds_of(conn: Executes, job_ids: Collection[str]) -> dict[str, str]:

@@ -48,6 +48,11 @@ def queue_figures(conn: sqlite3.Connection, now: datetime | None = None) -> Queu
     return QueueFigures(counts=counts, oldest_due=oldest, finished_last_hour=finished)
 
 
+def fold_counts(tx: Transaction) -> None:
+    """Nothing to fold on SQLite: its triggers update `job_counts` in place
+    (one writer at a time, so no transaction waits on another for it)."""
+
+
 def kinds_of(conn: sqlite3.Connection, job_ids: Collection[str]) -> dict[str, str]:
     """The kind of each job that still exists, by id."""
     ids = list(job_ids)
