@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
@@ -32,6 +33,8 @@ from mealquest.jobs.model import Job, Status
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
 from mealquest.operators import operator_for_token
+
+logger = logging.getLogger(__name__)
 
 bp = Blueprint(
     "admin",
@@ -56,8 +59,10 @@ def sign_in_form() -> ResponseReturnValue:
         token = request.form.get("token", "").strip()
         operator = operator_for_token(get_store(), token) if token else None
         if operator is None:
+            logger.warning("dashboard sign-in refused (not a live operator token)")
             return render_template("admin/sign_in.html", failed=True), 401
         sign_in(operator)
+        logger.info("operator %d signed in to the dashboard", operator.id)
         return redirect(url_for("admin.overview"), code=303)
     return render_template("admin/sign_in.html", failed=False)
 
