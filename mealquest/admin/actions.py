@@ -64,5 +64,9 @@ def cancel(operator: Operator, job_id: str) -> Done:
 
 
 def cancel_job(job_id: str) -> Done:
-    """The one place the dashboard's cancel reaches the job service."""
+    """The one place the dashboard's cancel reaches the job service: once the
+    service can cancel, this is `get_jobs().cancel(job_id)` (any household's
+    job), answering CANCELLED for a job now cancelled, CANCELLING for one
+    still running (its process stops it), REFUSED for none or a finished one.
+    Until then the button says cancelling is not available."""
     return Done.UNAVAILABLE
