@@ -96,6 +96,8 @@ def test_every_scrape_sums_the_counts_of_every_worker(served, tmp_path, processe
         assert value(text, *HEALTHZ) == start + sent
         assert value(text, *runs) == len(job_ids)
 
+    # The master's hooks (child_exit marking the dead worker) ran without error.
+    assert "Traceback" not in server.log()
     server.stop()
     assert not directory.exists()
     assert list(parent.iterdir()) == []
