@@ -168,9 +168,10 @@ def record_hung(executor: Executor, entry: Running) -> bool:
     failed `timed out` (final: re-queued, it would run beside the live handler)."""
     if entry.taken is not None or executor.completer is None:
         return False  # taken: its lease is lost or its stop records it
-    recorded = executor.completer.record(entry.lease, failed(MESSAGE_TIMED_OUT), entry.extra)
+    outcome = failed(MESSAGE_TIMED_OUT)
+    recorded = executor.completer.record(entry.lease, outcome, entry.extra)
     if recorded:
-        job_metrics.failed_given_up(entry.job.kind)
+        job_metrics.given_up(entry.job.kind, outcome)
     return recorded
 
 

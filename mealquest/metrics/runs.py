@@ -41,9 +41,10 @@ def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> No
         JOB_RUN_DURATION.labels(kind=kind).observe(max(0.0, time.monotonic() - started))
 
 
-def failed_given_up(kind: str) -> None:
-    """A handler that would not die was given up on and its job recorded failed."""
-    JOB_RUNS.labels(kind=kind, outcome=str(Status.FAILED)).inc()
+def given_up(kind: str, outcome: Outcome) -> None:
+    """A handler that would not die was given up on and its job recorded
+    (failed, or cancelled if a cancel had reached it)."""
+    JOB_RUNS.labels(kind=kind, outcome=_OUTCOMES.get(outcome.to, str(outcome.to))).inc()
 
 
 def interrupted(entries: Iterable[Running], recovered: Recovered) -> None:
