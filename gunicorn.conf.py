@@ -14,8 +14,10 @@ Any setting can be overridden with GUNICORN_CMD_ARGS or command-line flags.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for the hooks' hints only; nothing is imported at run time
@@ -93,6 +95,8 @@ def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> 
         "sys.exit(check_database(sys.argv[1]))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    # The check counts nothing: keep it out of the metrics directory.
+    env.pop(METRICS_DIR_VARIABLE, None)
     status = subprocess.run(  # noqa: S603 - our own interpreter and module
         [sys.executable, "-c", check, server.app.app_uri],
         cwd=server.cfg.chdir,
@@ -101,6 +105,44 @@ def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> 
     ).returncode
     if status != 0:
         sys.exit(status)
+
+
+# prometheus_client's multiprocess mode: every worker writes its counters and
+# histograms to files in this directory, and a scrape of any worker sums them
+# all. prometheus_client picks its storage when first imported, so the
+# variable must be in the environment before a worker imports the app.
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def on_starting(server: Arbiter) -> None:
+    # Why this hook: it runs once in the master, before any worker is forked
+    # (and not again on SIGHUP, whose new workers keep counting in the same
+    # directory). Each master start gets a fresh, empty directory of its own:
+    # files left by an earlier run would add its counts to this one's, and a
+    # new master of a USR2 upgrade must not wipe the old master's live files.
+    # Its parent is MEALQUEST_METRICS_DIR_PARENT, or the system's temp dir.
+    parent = os.environ.get("MEALQUEST_METRICS_DIR_PARENT") or None
+    os.environ[METRICS_DIR_VARIABLE] = tempfile.mkdtemp(prefix="mealquest-metrics-", dir=parent)
+
+
+def child_exit(server: Arbiter, worker: Worker) -> None:
+    # Why this hook: it runs in the master after any worker is reaped,
+    # SIGKILLed ones included. prometheus_client's bookkeeping for a dead
+    # process (its live gauges' files); its counters stay counted. Imported
+    # here, in the master, only once a worker has died: workers forked later
+    # inherit the module, which is safe because the one lock it makes at
+    # import is never held across a greenlet switch (it guards a write to a
+    # memory-mapped file), and the storage it picked is the multiprocess one.
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Arbiter) -> None:
+    # Why this hook: the master is ending; the directory it made goes with it.
+    directory = os.environ.get(METRICS_DIR_VARIABLE)
+    if directory and os.path.basename(directory).startswith("mealquest-metrics-"):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def post_worker_init(worker: Worker) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import cli, errors, health, recipes
+from mealquest import admin, cli, errors, health, recipes
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS
 from mealquest.config_check import ConfigError, check_config
@@ -16,6 +16,8 @@ from mealquest.extensions import init_store
 from mealquest.jobs import service as jobs_service
 from mealquest.jobs.cli import jobs_cli
 from mealquest.logs import configure_logging
+from mealquest.metrics import http as http_metrics
+from mealquest.metrics import view as metrics_view
 from mealquest.serving import middleware
 
 
@@ -45,7 +47,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.cli.add_command(jobs_cli)
     app.register_blueprint(health.bp)
     app.register_blueprint(api_bp)
+    metrics_view.init_app(app)
+    admin.init_app(app)
     middleware.init_app(app)
+    http_metrics.init_app(app)
     return app
 
 

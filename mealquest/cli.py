@@ -1,4 +1,5 @@
-"""Administration commands: `flask db ...`, `flask households create`, `flask tokens ...`.
+"""Administration commands: `flask db ...`, `flask households ...`, `flask tokens ...`,
+`flask operators ...`.
 
 Each command is a thin wrapper around a plain function of its module.
 """
@@ -11,7 +12,7 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
-from mealquest import households, migrations
+from mealquest import households, migrations, operators
 from mealquest.db import driver_errors
 from mealquest.db.driver import Store
 from mealquest.extensions import get_store
@@ -20,6 +21,7 @@ from mealquest.store import StoreError
 db_cli = AppGroup("db", help="Database migrations.")
 households_cli = AppGroup("households", help="Households.")
 tokens_cli = AppGroup("tokens", help="API tokens of households.")
+operators_cli = AppGroup("operators", help="Operators: who may use /metrics and the dashboard.")
 
 
 def _fail(error: Exception) -> click.ClickException:
@@ -139,6 +141,40 @@ def tokens_revoke(token_id: int) -> None:
     click.echo(f"token {token_id} revoked")
 
 
+@operators_cli.command("create")
+@click.argument("name")
+def operators_create(name: str) -> None:
+    """Create an operator; prints its id and token (shown only this once)."""
+    try:
+        issued = operators.create_operator(_migrated_store(), name)
+    except (operators.OperatorError, StoreError) as error:
+        raise _fail(error) from None
+    click.echo(json.dumps({"operator_id": issued.operator_id, "token": issued.token}))
+
+
+@operators_cli.command("list")
+def operators_list() -> None:
+    """Operators, live and revoked."""
+    try:
+        listed = operators.list_operators(_migrated_store())
+    except StoreError as error:
+        raise _fail(error) from None
+    for operator in listed:
+        state = f"revoked {operator.revoked_at}" if operator.revoked_at else "live"
+        click.echo(f"{operator.id}  {operator.name}  created {operator.created_at}  {state}")
+
+
+@operators_cli.command("revoke")
+@click.argument("operator_id", type=int)
+def operators_revoke(operator_id: int) -> None:
+    """Revoke an operator: its token and its dashboard sessions stop working at once."""
+    try:
+        operators.revoke_operator(_migrated_store(), operator_id)
+    except (operators.OperatorError, StoreError) as error:
+        raise _fail(error) from None
+    click.echo(f"operator {operator_id} revoked")
+
+
 def init_app(app: Flask) -> None:
-    for group in (db_cli, households_cli, tokens_cli):
+    for group in (db_cli, households_cli, tokens_cli, operators_cli):
         app.cli.add_command(group)

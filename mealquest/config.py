@@ -80,6 +80,19 @@ DEFAULTS: dict[str, Any] = {
     # it); below gunicorn's limit_request_line and nginx's header buffers so
     # that the app, not the server, answers.
     "MAX_URI_LENGTH": 4000,
+    # The operators' dashboard at /admin/ (sign-in with an operator token);
+    # off by default. On, SECRET_KEY must be set: it signs the session cookie.
+    "DASHBOARD": False,
+    # Flask's key for signing the dashboard's session cookie and CSRF tokens:
+    # 32 characters or more, random, the same on every worker and host.
+    "SECRET_KEY": None,
+    # A dashboard sign-in lasts this many hours, then the operator signs in again.
+    "DASHBOARD_SESSION_HOURS": 12.0,
+    # `flask jobs work` serves GET /metrics on this port (None: not at all;
+    # under gunicorn the app's own /metrics route serves every worker's figures).
+    "METRICS_PORT": None,
+    # The address that port is bound to.
+    "METRICS_HOST": "127.0.0.1",
     # Level of the service's own log lines (stderr).
     "LOG_LEVEL": "INFO",
     # Recipe import: let fetches reach private, loopback, link-local, multicast

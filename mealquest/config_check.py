@@ -31,6 +31,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # lease and rescues expired ones twice per lease.
 HEARTBEATS_PER_LEASE = 3
 RESCUES_PER_LEASE = 2
+# The dashboard's session key: long enough that it cannot be guessed.
+MIN_SECRET_KEY_LENGTH = 32
+MAX_PORT = 65535
 
 Rule = Callable[[Any], Any]
 
@@ -132,6 +135,21 @@ def networks(value: Any) -> Any:
     return value
 
 
+def secret_key(value: Any) -> str | None:
+    # None (or empty): no key; the dashboard then refuses to start.
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) < MIN_SECRET_KEY_LENGTH:
+        raise _Secret(f"must be a text of {MIN_SECRET_KEY_LENGTH} characters or more")
+    return value
+
+
+def text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid("must be a text")
+    return value
+
+
 def derived(rule: Rule) -> Rule:
     """`rule`, or None: the value is derived from another one (see `_derive`)."""
 
@@ -164,6 +182,11 @@ RULES: dict[str, Rule] = {
     "PROXY_FIX_HOPS": whole(0),
     "MAX_CONTENT_LENGTH": whole(1),
     "MAX_URI_LENGTH": whole(1),
+    "DASHBOARD": flag,
+    "SECRET_KEY": secret_key,
+    "DASHBOARD_SESSION_HOURS": positive,
+    "METRICS_PORT": derived(whole(1)),
+    "METRICS_HOST": text,
     "LOG_LEVEL": one_of(*LOG_LEVELS),
     "ALLOW_PRIVATE_URLS": flag,
     "RECIPE_FETCH_ALLOWED_NETWORKS": networks,
@@ -205,6 +228,14 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         )
     if values["JOB_RESCUE_SECONDS"] is None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    if values["DASHBOARD"] and values["SECRET_KEY"] is None:
+        raise ConfigError(
+            f"{ENV_PREFIX}SECRET_KEY: must be set ({MIN_SECRET_KEY_LENGTH} characters or more) "
+            f"when {ENV_PREFIX}DASHBOARD is on"
+        )
+    if values["METRICS_PORT"] is not None and values["METRICS_PORT"] > MAX_PORT:
+        port = values["METRICS_PORT"]
+        raise _error("METRICS_PORT", f"must be a port number, 1 to {MAX_PORT}", port)
 
 
 def _error(key: str, reason: str, value: Any) -> ConfigError:

@@ -223,9 +223,19 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
     return body
 
 
+# The operators' routes (the Prometheus scrape, the dashboard's pages) take an
+# operator's token or session, never a household's: they are not part of the
+# households' API this document describes (the README documents them).
+_OPERATORS_BLUEPRINTS = ("metrics.", "admin.")
+
+
+def is_operators_route(endpoint: str) -> bool:
+    return endpoint.startswith(_OPERATORS_BLUEPRINTS)
+
+
 def _documented_rules(app: Flask) -> Iterator[tuple[Rule, Operation | None]]:
     for rule in sorted(app.url_map.iter_rules(), key=lambda rule: rule.rule):
-        if rule.endpoint != "static":
+        if rule.endpoint != "static" and not is_operators_route(rule.endpoint):
             view = app.view_functions[rule.endpoint]
             yield rule, getattr(view, "__openapi__", None)
 

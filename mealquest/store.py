@@ -495,6 +495,18 @@ class Store:
         return retention
 
     @cached_property
+    def operators(self) -> ModuleType:
+        from mealquest.db.sqlite import operators
+
+        return operators
+
+    @cached_property
+    def operations(self) -> ModuleType:
+        from mealquest.db.sqlite import operations
+
+        return operations
+
+    @cached_property
     def migrations(self) -> ModuleType:
         from mealquest import migrations
 

@@ -4,8 +4,8 @@ A driver is a store with its SQL: `mealquest.store.Store` for SQLite (the
 embedded default) and `mealquest.db.postgresql.store.PostgresStore` for
 PostgreSQL (several hosts, one database). The runner, the API, the CLI,
 households, recipes and health call only what `Store` lists here, and each
-driver's `jobs`, `households` and `recipes` modules have the same functions
-with the same meaning; a conformance suite runs them against both.
+driver's `jobs`, `households`, `recipes`, `operators` and `operations`
+modules have the same functions with the same meaning; a conformance suite runs them against both.
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ class Store(Protocol):
     @property
     def retention(self) -> ModuleType:
         """Deleting finished jobs, a small batch per call."""
+
+    @property
+    def operators(self) -> ModuleType:
+        """Operators (who watch and steer the queue) and the digests of their tokens."""
+
+    @property
+    def operations(self) -> ModuleType:
+        """The operator's views and actions across households: queue figures,
+        retry and delete."""
 
     @property
     def migrations(self) -> ModuleType:

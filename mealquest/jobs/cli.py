@@ -23,6 +23,7 @@ from mealquest.jobs import retention
 from mealquest.jobs.errors import JobsError
 from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
 from mealquest.masking import mask
+from mealquest.metrics.standalone import serve_configured as serve_metrics
 from mealquest.store import StoreError
 
 jobs_cli = AppGroup("jobs", help="The job queue.")
@@ -267,6 +268,8 @@ def jobs_work() -> None:
         pool = service.start_pool(on_fatal=on_fatal)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
+    # GET /metrics on MEALQUEST_METRICS_PORT, or not served at all when unset.
+    metrics_server = serve_metrics(current_app)
     patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"
     click.echo(
         f"working with {service.settings.workers} workers ({patched}); Ctrl-C stops", err=True
@@ -274,6 +277,8 @@ def jobs_work() -> None:
     stop_requested.wait()
     click.echo("stopping: waiting for running jobs", err=True)
     report = pool.stop(float(current_app.config["JOB_STOP_TIMEOUT_SECONDS"]))
+    if metrics_server is not None:
+        metrics_server.stop()
     click.echo(
         f"stopped: {report.finished} finished, {len(report.requeued)} re-queued, "
         f"{len(report.failed)} interrupted",

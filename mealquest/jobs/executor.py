@@ -40,6 +40,7 @@ from mealquest.jobs.model import (
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.metrics import runs as job_metrics
 from mealquest.store import Store, StoreUnavailable, Transaction
 
 if TYPE_CHECKING:
@@ -366,6 +367,7 @@ class Executor:
         assert self.completer is not None
         if not self.completer.record(entry.lease, outcome, extra):
             return
+        job_metrics.attempt_recorded(entry, outcome, self.registry)
         if outcome.to is Status.CANCELLED:
             logger.info("job cancelled", extra=extra)
         elif outcome.to is Status.SUCCEEDED:

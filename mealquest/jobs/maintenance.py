@@ -28,6 +28,7 @@ from mealquest.jobs.executor import CANCELLED, STOPPING, Executor, Running, fail
 from mealquest.jobs.model import MESSAGE_TIMED_OUT, Lease, Recovered
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.metrics import runs as job_metrics
 from mealquest.store import Store, Transaction
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class Rescuer:
         if self.executor is not None:
             keep = [e.lease for e in self.executor.running.values() if e.alive()]
         recovered = self.store.write(self.store.jobs.rescue_expired, keep=keep, now=now)
+        job_metrics.rescued(self.store, recovered)
         for job_id in recovered.requeued:
             logger.warning("re-queued a job whose lease expired", extra={"job_id": job_id})
         for job_id in recovered.failed:
@@ -185,7 +187,10 @@ def record_hung(executor: Executor, entry: Running) -> bool:
     if entry.taken is not None or executor.completer is None:
         return False  # taken: its lease is lost or its stop records it
     outcome = CANCELLED if entry.cancelled_at is not None else failed(MESSAGE_TIMED_OUT)
-    return executor.completer.record(entry.lease, outcome, entry.extra)
+    recorded = executor.completer.record(entry.lease, outcome, entry.extra)
+    if recorded:
+        job_metrics.given_up(entry.job.kind, outcome)
+    return recorded
 
 
 class UnhandledKinds:

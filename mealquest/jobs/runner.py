@@ -40,6 +40,7 @@ from mealquest.jobs.periodic import Enqueue, Scheduler, run_forever
 from mealquest.jobs.producer import Producer
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.metrics import runs as job_metrics
 from mealquest.store import Store, StoreUnavailable, Transaction
 
 logger = logging.getLogger(__name__)
@@ -206,6 +207,7 @@ class Pool:
         if stopped or hung:
             try:
                 recovered = self.store.write(self._record_stopped, stopped, hung)
+                job_metrics.interrupted(stopped + hung, recovered)
             except Exception:
                 logger.exception("could not record stopped jobs; their leases will expire")
         self._maintenance_stop.set()

@@ -168,6 +168,18 @@ class PostgresStore:
         return retention
 
     @cached_property
+    def operators(self) -> ModuleType:
+        from mealquest.db.postgresql import operators
+
+        return operators
+
+    @cached_property
+    def operations(self) -> ModuleType:
+        from mealquest.db.postgresql import operations
+
+        return operations
+
+    @cached_property
     def migrations(self) -> ModuleType:
         from mealquest.db.postgresql import migrate
 

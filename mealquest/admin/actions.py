@@ -1,0 +1,73 @@
+"""What an operator can do to a job from the dashboard: retry, delete, cancel.
+
+Each is one fenced write (it acts only on a job in a state that allows it)
+and is logged with the operator's id and the job's id, never its payload.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+from mealquest.extensions import get_jobs, get_store
+from mealquest.jobs.model import Status
+from mealquest.operators import Operator
+
+logger = logging.getLogger(__name__)
+
+
+class Done(enum.Enum):
+    """What an action did."""
+
+    RETRIED = "queued again with a fresh attempt budget"
+    DELETED = "deleted"
+    CANCELLED = "cancelled"
+    CANCELLING = "cancel requested: its handler is told and the job ends cancelled shortly"
+    REFUSED = "not possible in the job's state now"
+
+
+def _log(operator: Operator, action: str, job_id: str, done: Done) -> None:
+    logger.info(
+        "operator %d: %s the job: %s",
+        operator.id,
+        action,
+        done.name.lower(),
+        extra={"job_id": job_id, "operator_id": operator.id},
+    )
+
+
+def retry(operator: Operator, job_id: str) -> Done:
+    """A failed or cancelled job queued again, due now, its attempts counted afresh."""
+    before = get_jobs().get(job_id)
+    retryable = before is not None and before.status in (Status.FAILED, Status.CANCELLED)
+    job = get_jobs().retry(job_id) if retryable else None
+    done = Done.RETRIED if job is not None and job.status is Status.QUEUED else Done.REFUSED
+    _log(operator, "retry", job_id, done)
+    return done
+
+
+def delete(operator: Operator, job_id: str) -> Done:
+    """A job that is not running, deleted (its recipe, if any, is kept)."""
+    store = get_store()
+    done = Done.DELETED if store.write(store.operations.delete_job, job_id) else Done.REFUSED
+    _log(operator, "delete", job_id, done)
+    return done
+
+
+def cancel(operator: Operator, job_id: str) -> Done:
+    """Cancel a queued or running job, as `POST /api/v1/jobs/{id}/cancel` does."""
+    done = cancel_job(job_id)
+    _log(operator, "cancel", job_id, done)
+    return done
+
+
+def cancel_job(job_id: str) -> Done:
+    """The dashboard's cancel: the job service's, for any household's job."""
+    job = get_jobs().cancel(job_id)
+    if job is None:
+        return Done.REFUSED
+    if job.status is Status.CANCELLED:
+        return Done.CANCELLED
+    if job.status is Status.RUNNING:
+        return Done.CANCELLING
+    return Done.REFUSED

@@ -1,0 +1,117 @@
+"""The service's Prometheus metrics, and one scrape's text.
+
+Counters and histograms live in prometheus_client's objects. Under gunicorn
+they are counted across every worker of the host by prometheus_client's
+multiprocess mode: `gunicorn.conf.py` sets `PROMETHEUS_MULTIPROC_DIR` in the
+master before any worker imports prometheus_client (which picks its storage
+when imported), each worker writes its values to files there, and a scrape
+reads them all through a `MultiProcessCollector` in a registry built for
+that scrape (a shared one would repeat every series). Without the variable
+(`flask jobs work`, tests) the values stay in this process and `REGISTRY`
+holds them.
+
+Queue figures (rows by kind and status, the oldest due job's age) are read
+from the database, not counted: they go in the scrape's own registry, as
+multiprocess mode allows no custom collector in a shared one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from mealquest.queue_stats import QueueFigures
+
+MULTIPROC_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+# Only the series the service documents: no `_created` companions.
+disable_created_metrics()
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+JOB_RUNS = Counter(
+    "mealquest_job_runs",
+    "Job attempts that ended, by kind and outcome "
+    "(succeeded, failed, retried, cancelled, interrupted).",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)
+JOB_RUN_DURATION = Histogram(
+    "mealquest_job_run_duration_seconds",
+    "How long job handlers ran, by kind.",
+    ["kind"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+JOB_RESCUES = Counter(
+    "mealquest_job_rescues",
+    "Running jobs whose lease expired, taken back by a rescuer of this host.",
+    registry=REGISTRY,
+)
+HTTP_REQUESTS = Counter(
+    "mealquest_http_requests",
+    "HTTP requests answered, by URL rule, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "mealquest_http_request_duration_seconds",
+    "Time to answer HTTP requests, by URL rule.",
+    ["route"],
+    registry=REGISTRY,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_DIR_VARIABLE))
+
+
+class _QueueCollector(Collector):
+    """The database's figures, as gauges of one scrape."""
+
+    def __init__(self, figures: QueueFigures) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        rows = GaugeMetricFamily(
+            "mealquest_jobs",
+            "Jobs in the table now, by kind and status.",
+            labels=["kind", "status"],
+        )
+        for (kind, status), count in sorted(self.figures.counts.items()):
+            rows.add_metric([kind, status], count)
+        yield rows
+        oldest = GaugeMetricFamily(
+            "mealquest_job_oldest_due_age_seconds",
+            "How long the oldest queued job whose time has come has waited, by kind.",
+            labels=["kind"],
+        )
+        for kind, due in sorted(self.figures.oldest_due.items()):
+            oldest.add_metric([kind], due.age_seconds)
+        yield oldest
+
+
+def render(figures: QueueFigures) -> bytes:
+    """One scrape: the counted metrics (every worker's under gunicorn) and the
+    queue's gauges."""
+    if multiprocess():
+        counted = CollectorRegistry()
+        MultiProcessCollector(counted)
+    else:
+        counted = REGISTRY
+    queue = CollectorRegistry()
+    queue.register(_QueueCollector(figures))
+    return generate_latest(counted) + generate_latest(queue)

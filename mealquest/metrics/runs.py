@@ -1,0 +1,76 @@
+"""What the runner tells the metrics: one call where each outcome is recorded.
+
+Nothing here may fail a job: every function only counts, and the rescue's
+kind lookup is a read that is skipped (counted as kind `unknown`) when the
+database cannot answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from mealquest.jobs.model import Recovered, Status
+from mealquest.metrics.registry import JOB_RESCUES, JOB_RUN_DURATION, JOB_RUNS
+from mealquest.store import StoreError
+
+if TYPE_CHECKING:
+    from mealquest.db.driver import Store
+    from mealquest.jobs.executor import Outcome, Running
+    from mealquest.jobs.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+INTERRUPTED = "interrupted"
+# An attempt that ends queued again is a retry (its attempt spent or, after a
+# storage fault, refunded); the other outcomes are named by their status.
+_OUTCOMES = {Status.QUEUED: "retried"}
+
+
+def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> None:
+    """A handler's attempt ended and its outcome is stored: count it, and how
+    long the handler ran (from the start the executor gave its timeout)."""
+    kind = entry.job.kind
+    label = _OUTCOMES.get(outcome.to, str(outcome.to))
+    JOB_RUNS.labels(kind=kind, outcome=label).inc()
+    registered = registry.get(kind)
+    if registered is not None:
+        started = entry.deadline - registered.options.timeout_seconds
+        JOB_RUN_DURATION.labels(kind=kind).observe(max(0.0, time.monotonic() - started))
+
+
+def given_up(kind: str, outcome: Outcome) -> None:
+    """A handler that would not die was given up on and its job recorded
+    (failed, or cancelled if a cancel had reached it)."""
+    JOB_RUNS.labels(kind=kind, outcome=_OUTCOMES.get(outcome.to, str(outcome.to))).inc()
+
+
+def interrupted(entries: Iterable[Running], recovered: Recovered) -> None:
+    """A stopping pool recorded these of its jobs as interrupted."""
+    ids = set(recovered.requeued) | set(recovered.failed)
+    cancelled = set(recovered.cancelled)
+    for entry in entries:
+        if entry.job.id in ids:
+            JOB_RUNS.labels(kind=entry.job.kind, outcome=INTERRUPTED).inc()
+        elif entry.job.id in cancelled:
+            JOB_RUNS.labels(kind=entry.job.kind, outcome=str(Status.CANCELLED)).inc()
+
+
+def rescued(store: Store, recovered: Recovered) -> None:
+    """The rescuer took back these jobs whose lease expired (rare: the read of
+    their kinds costs nothing in the common case of none)."""
+    ids = recovered.requeued + recovered.failed
+    if not (ids or recovered.cancelled):
+        return
+    JOB_RESCUES.inc(len(ids) + len(recovered.cancelled))
+    try:
+        kinds = store.read(store.operations.kinds_of, ids + recovered.cancelled)
+    except StoreError:
+        logger.warning("could not read the kinds of rescued jobs for the metrics")
+        kinds = {}
+    for job_id in ids:
+        JOB_RUNS.labels(kind=kinds.get(job_id, "unknown"), outcome=INTERRUPTED).inc()
+    for job_id in recovered.cancelled:
+        JOB_RUNS.labels(kind=kinds.get(job_id, "unknown"), outcome=str(Status.CANCELLED)).inc()

@@ -1,0 +1,92 @@
+"""Operators: the people who watch and steer the queue, and their tokens.
+
+An operator is not a household. Operators live in a table of their own and
+their tokens carry a prefix of their own (`mqop_`, against households'
+`mq_`), so a household's token never reaches the operators' lookup nor the
+reverse, whichever side it is shown to. As with households, a token is 32
+random bytes shown once when it is made; the database keeps only its SHA-256
+digest, and lookups go by digest, which leaves no secret-dependent
+comparison to time. Each operator has one token: revoking the operator
+revokes it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import unicodedata
+from dataclasses import dataclass
+
+from mealquest.db.driver import Store
+from mealquest.households import token_digest
+
+TOKEN_PREFIX = "mqop_"  # noqa: S105 - a marker, not a secret
+# Unicode control, format (e.g. bidi overrides), line and paragraph separators.
+_CONTROL = {"Cc", "Cf", "Zl", "Zp"}
+
+
+class OperatorError(Exception):
+    """An operator operation was refused."""
+
+
+class UnknownOperator(OperatorError):
+    """No live operator has that id."""
+
+
+@dataclass(frozen=True)
+class Operator:
+    id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class OperatorListing:
+    """An operator as `flask operators list` shows it."""
+
+    id: int
+    name: str
+    created_at: str
+    revoked_at: str | None
+
+
+@dataclass(frozen=True)
+class IssuedOperator:
+    """An operator as made: `token` is the clear text, which is never stored."""
+
+    operator_id: int
+    token: str
+
+
+def create_operator(store: Store, name: str) -> IssuedOperator:
+    """Create an operator with its token."""
+    name = name.strip()
+    if not 1 <= len(name) <= 200:
+        raise OperatorError("an operator name has 1 to 200 characters")
+    if any(unicodedata.category(char) in _CONTROL for char in name):
+        # A newline would forge lines of `flask operators list` and of logs.
+        raise OperatorError("an operator name has no control characters")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    operator_id = store.write(
+        store.operators.insert_operator, name=name, token_sha256=token_digest(token)
+    )
+    return IssuedOperator(operator_id, token)
+
+
+def revoke_operator(store: Store, operator_id: int) -> None:
+    """Revoke an operator (and so its token) at once; `UnknownOperator` if none is live."""
+    store.write(store.operators.revoke_operator, operator_id)
+
+
+def list_operators(store: Store) -> list[OperatorListing]:
+    return store.read(store.operators.list_operators)
+
+
+def operator_for_token(store: Store, token: str) -> Operator | None:
+    """The live operator a token belongs to, or None (a household's token included)."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+        return None
+    return store.read(store.operators.operator_for_token_digest, token_digest(token))
+
+
+def operator_by_id(store: Store, operator_id: int) -> Operator | None:
+    """The operator if still live (a signed-in session is checked on every request)."""
+    return store.read(store.operators.live_operator, operator_id)

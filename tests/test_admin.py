@@ -1,0 +1,433 @@
+"""The dashboard at /admin/ through Flask's test client, on both databases:
+who is refused (no credentials, a household's token, a revoked or expired
+operator), CSRF on every POST, the session cookie's flags, what the pages
+show (never a payload URL's query), and the actions. The real browser drives
+it in tests/test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from mealquest.jobs.model import Status
+from mealquest.operators import create_operator, revoke_operator
+from tests.conftest import wait_for
+from tests.support import sql
+from tests.support.kinds import SECRET
+
+pytestmark = pytest.mark.both_databases
+
+SECRET_KEY = "test-secret-key-" + "k" * 32
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+@pytest.fixture
+def admin_app(make_app):
+    return make_app(DASHBOARD=True, SECRET_KEY=SECRET_KEY)
+
+
+@pytest.fixture
+def admin_store(admin_app):
+    from mealquest.extensions import get_store
+
+    return get_store(admin_app)
+
+
+@pytest.fixture
+def admin_jobs(admin_app):
+    from mealquest.extensions import get_jobs
+
+    return get_jobs(admin_app)
+
+
+@pytest.fixture
+def operator(admin_store):
+    return create_operator(admin_store, "Ada")
+
+
+@pytest.fixture
+def some_household(admin_store):
+    from mealquest.households import create_household
+
+    return create_household(admin_store, "The Smiths")
+
+
+def csrf_of(page) -> str:
+    return _CSRF.search(page.get_data(as_text=True)).group(1)
+
+
+def signed_in(app, token, headers=None, https=False):
+    client = app.test_client()
+    base_url = "https://localhost" if https else "http://localhost"
+    form = client.get("/admin/sign-in", headers=headers, base_url=base_url)
+    # Over HTTPS, Flask-WTF also wants the form to come from this site.
+    referer = {"Referer": "https://localhost/admin/sign-in"}
+    answer = client.post(
+        "/admin/sign-in",
+        data={"token": token, "csrf_token": csrf_of(form)},
+        headers={**(headers or {}), **referer},
+        base_url=base_url,
+    )
+    assert answer.status_code == 303, answer.get_data(as_text=True)
+    return client, answer
+
+
+def post(client, path, page_path):
+    """A POST with the CSRF token of the page it is on."""
+    return client.post(path, data={"csrf_token": csrf_of(client.get(page_path))})
+
+
+def enqueue(jobs, household, kind="succeed", payload=None):
+    return jobs.enqueue(kind, payload or {"value": 1}, household_id=household.household_id)
+
+
+def force_failed(store, job_id):
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'failed', attempt = 1, error = 'boom', "
+        "finished_at = updated_at WHERE id = ?",
+        (job_id,),
+    )
+
+
+def routes(job_id):
+    pages = ["/admin/", "/admin/jobs", f"/admin/jobs/{job_id}", "/admin/static/refresh.js"]
+    posts = [f"/admin/jobs/{job_id}/{action}" for action in ("retry", "cancel", "delete")]
+    return pages, [*posts, "/admin/sign-out"]
+
+
+def assert_refused(client, job_id, headers=None):
+    pages, posts = routes(job_id)
+    for path in pages:
+        answer = client.get(path, headers=headers)
+        assert answer.status_code == 302, path
+        assert answer.headers["Location"].endswith("/admin/sign-in")
+        assert job_id not in answer.get_data(as_text=True)
+    for path in posts:
+        answer = client.post(path, headers=headers)
+        assert answer.status_code == 401, path
+
+
+# -- who is refused ---------------------------------------------------------------------------
+
+
+def test_every_admin_route_refuses_no_credentials_and_a_household_token(
+    admin_app, admin_store, admin_jobs, some_household
+):
+    job_id = enqueue(admin_jobs, some_household)
+    force_failed(admin_store, job_id)
+    client = admin_app.test_client()
+    assert_refused(client, job_id)
+    # A household's bearer token is no way in, nor a sign-in.
+    assert_refused(client, job_id, headers={"Authorization": f"Bearer {some_household.token}"})
+    form = client.get("/admin/sign-in")
+    answer = client.post(
+        "/admin/sign-in", data={"token": some_household.token, "csrf_token": csrf_of(form)}
+    )
+    assert answer.status_code == 401
+    assert "not a live operator token" in answer.get_data(as_text=True)
+    assert_refused(client, job_id)
+    assert sql.scalar(admin_store, "SELECT status FROM jobs WHERE id = ?", (job_id,)) == "failed"
+
+
+def test_a_revoked_operator_is_signed_out_at_once(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    job_id = enqueue(admin_jobs, some_household)
+    force_failed(admin_store, job_id)
+    client, _ = signed_in(admin_app, operator.token)
+    page = client.get(f"/admin/jobs/{job_id}")
+    assert page.status_code == 200
+    revoke_operator(admin_store, operator.operator_id)
+    answer = client.post(f"/admin/jobs/{job_id}/retry", data={"csrf_token": csrf_of(page)})
+    assert answer.status_code == 401
+    assert_refused(client, job_id)
+    assert sql.scalar(admin_store, "SELECT status FROM jobs WHERE id = ?", (job_id,)) == "failed"
+    # Nor can the revoked token sign in again.
+    form = client.get("/admin/sign-in")
+    again = client.post(
+        "/admin/sign-in", data={"token": operator.token, "csrf_token": csrf_of(form)}
+    )
+    assert again.status_code == 401
+
+
+def test_an_expired_sign_in_is_refused(admin_app, admin_jobs, some_household, operator):
+    job_id = enqueue(admin_jobs, some_household)
+    client, _ = signed_in(admin_app, operator.token)
+    assert client.get("/admin/").status_code == 200
+    lifetime = admin_app.config["DASHBOARD_SESSION_HOURS"] * 3600
+    with client.session_transaction() as session:
+        session["signed_in_at"] = int(time.time() - lifetime - 1)
+    assert_refused(client, job_id)
+
+
+def test_a_forged_session_cookie_is_refused(admin_app, admin_jobs, some_household, operator):
+    job_id = enqueue(admin_jobs, some_household)
+    client = admin_app.test_client()
+    client.set_cookie("mealquest_admin", "eyJvcGVyYXRvcl9pZCI6MX0.forged.signature", path="/admin")
+    assert_refused(client, job_id)
+
+
+def test_the_dashboard_is_absent_unless_turned_on(make_app):
+    client = make_app().test_client()
+    assert client.get("/admin/").status_code == 404
+    assert client.get("/admin/sign-in").status_code == 404
+
+
+# -- CSRF -------------------------------------------------------------------------------------
+
+
+def test_a_post_without_or_with_a_wrong_csrf_token_is_refused_and_changes_nothing(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    failed = enqueue(admin_jobs, some_household)
+    force_failed(admin_store, failed)
+    client, _ = signed_in(admin_app, operator.token)
+    other, _ = signed_in(admin_app, operator.token)
+    others_token = csrf_of(other.get("/admin/"))
+    for action in ("retry", "delete", "cancel"):
+        path = f"/admin/jobs/{failed}/{action}"
+        for data in ({}, {"csrf_token": "wrong"}, {"csrf_token": others_token}):
+            answer = client.post(path, data=data)
+            assert answer.status_code == 400, (action, data)
+            assert "The form expired" in answer.get_data(as_text=True)
+    assert sql.scalar(admin_store, "SELECT status FROM jobs WHERE id = ?", (failed,)) == "failed"
+    # Sign-out and sign-in forms too.
+    assert client.post("/admin/sign-out").status_code == 400
+    assert client.get("/admin/").status_code == 200
+    fresh = admin_app.test_client()
+    assert fresh.post("/admin/sign-in", data={"token": operator.token}).status_code == 400
+    # With the page's own token, the action goes through.
+    answer = post(client, f"/admin/jobs/{failed}/retry", f"/admin/jobs/{failed}")
+    assert answer.status_code == 303
+    assert sql.scalar(admin_store, "SELECT status FROM jobs WHERE id = ?", (failed,)) == "queued"
+
+
+# -- the session cookie -----------------------------------------------------------------------
+
+
+def _cookie_flags(answer):
+    [cookie] = [c for c in answer.headers.getlist("Set-Cookie") if c.startswith("mealquest_admin=")]
+    return {part.strip().split("=")[0].lower(): part.strip() for part in cookie.split(";")[1:]}
+
+
+def test_the_session_cookie_is_httponly_samesite_strict_scoped_and_secure_over_tls(
+    make_app, admin_app, operator
+):
+    _, plain = signed_in(admin_app, operator.token)
+    flags = _cookie_flags(plain)
+    assert "httponly" in flags
+    assert flags["samesite"] == "SameSite=Strict"
+    assert flags["path"] == "Path=/admin"
+    assert "secure" not in flags
+    # Over TLS to the app itself...
+    _, direct = signed_in(admin_app, operator.token, https=True)
+    assert "secure" in _cookie_flags(direct)
+    # ...or through the trusted proxy, which says so in X-Forwarded-Proto.
+    https = {"X-Forwarded-Proto": "https"}
+    proxied_app = make_app(DASHBOARD=True, SECRET_KEY=SECRET_KEY, PROXY_FIX_HOPS=1)
+    _, proxied = signed_in(proxied_app, operator.token, headers=https)
+    assert "secure" in _cookie_flags(proxied)
+    # A client's own X-Forwarded-Proto is not trusted without the proxy setting.
+    _, spoofed = signed_in(admin_app, operator.token, headers=https)
+    assert "secure" not in _cookie_flags(spoofed)
+
+
+def test_sign_out_ends_the_session(admin_app, admin_jobs, some_household, operator):
+    job_id = enqueue(admin_jobs, some_household)
+    client, _ = signed_in(admin_app, operator.token)
+    answer = post(client, "/admin/sign-out", "/admin/")
+    assert answer.status_code == 303
+    assert_refused(client, job_id)
+
+
+def test_pages_forbid_framing_and_caching(admin_app, operator):
+    client, _ = signed_in(admin_app, operator.token)
+    answer = client.get("/admin/")
+    assert answer.headers["X-Frame-Options"] == "DENY"
+    assert answer.headers["Cache-Control"] == "no-store"
+    assert "script-src 'self'" in answer.headers["Content-Security-Policy"]
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+def test_no_page_shows_a_payload_urls_query(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    url = f"https://recipes.example/soup?token={SECRET}&x=1#frag-{SECRET}"
+    job_id = enqueue(admin_jobs, some_household, "raise_secret_error", {"secret": url})
+    publishing = enqueue(admin_jobs, some_household, "wait_for_gate", {"url": url})
+    sql.execute(
+        admin_store,
+        "UPDATE jobs SET result = ?, status = 'failed', attempt = 1, error = ?, "
+        "finished_at = updated_at WHERE id = ?",
+        (f'{{"seen": "{url}"}}', f"fetching {url} failed", publishing),
+    )
+    admin_jobs.start_pool()
+    wait_for(lambda: admin_jobs.get(job_id).status == Status.FAILED)
+    client, _ = signed_in(admin_app, operator.token)
+    for path in (
+        "/admin/",
+        "/admin/jobs",
+        "/admin/jobs?status=failed",
+        f"/admin/jobs/{job_id}",
+        f"/admin/jobs/{publishing}",
+    ):
+        text = client.get(path).get_data(as_text=True)
+        assert SECRET not in text, path
+    page = client.get(f"/admin/jobs/{publishing}").get_data(as_text=True)
+    assert "https://recipes.example/soup?token=***&amp;x=***#***" in page
+
+
+def test_the_overview_counts_by_status_and_kind(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    oldest = enqueue(admin_jobs, some_household)
+    enqueue(admin_jobs, some_household)
+    failed = enqueue(admin_jobs, some_household, "sleep", {"seconds": 0})
+    force_failed(admin_store, failed)
+    # A kind this release has no handler for (a newer release's).
+    sql.execute(admin_store, "UPDATE jobs SET kind = 'from_the_future' WHERE id = ?", (failed,))
+    orphan = enqueue(admin_jobs, some_household)
+    sql.execute(admin_store, "UPDATE jobs SET kind = 'from_the_future' WHERE id = ?", (orphan,))
+    client, _ = signed_in(admin_app, operator.token)
+    text = client.get("/admin/").get_data(as_text=True)
+    assert re.search(r'id="count-queued">3<', text)
+    assert re.search(r'id="count-failed">1<', text)
+    assert re.search(r'id="throughput">1<', text)
+    assert f"/admin/jobs/{oldest}" in text
+    assert "1 queued from_the_future" in text
+
+
+def test_the_jobs_list_filters_and_pages_by_keyset(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    from mealquest.households import create_household
+
+    other = create_household(admin_store, "The Joneses")
+    mine = [enqueue(admin_jobs, some_household) for _ in range(55)]
+    theirs = enqueue(admin_jobs, other, "sleep", {"seconds": 0})
+    force_failed(admin_store, theirs)
+    client, _ = signed_in(admin_app, operator.token)
+
+    def listed(query):
+        answer = client.get(f"/admin/jobs{query}")
+        text = answer.get_data(as_text=True)
+        return answer.status_code, re.findall(r'href="/admin/jobs/([0-9a-f]{32})"', text), text
+
+    status, ids, text = listed("")
+    assert status == 200
+    assert ids == [theirs, *reversed(mine)][:50]
+    older = re.search(r'href="(/admin/jobs\?[^"]*before=\d+[^"]*)" id="older"', text).group(1)
+    _, page_two, text = listed(older.replace("/admin/jobs", "").replace("&amp;", "&"))
+    assert page_two == list(reversed(mine))[49:]
+    assert 'id="older"' not in text
+    assert listed("?status=failed")[1] == [theirs]
+    assert listed("?kind=sleep")[1] == [theirs]
+    assert listed(f"?household={other.household_id}")[1] == [theirs]
+    assert listed(f"?household={other.household_id}&status=queued")[1] == []
+    for bad in ("?status=lost", "?household=abc", "?household=-1", "?before=x"):
+        status, ids, text = listed(bad)
+        assert status == 400, bad
+        assert ids == []
+        assert 'id="problem"' in text
+
+
+def test_a_jobs_page_shows_every_field(admin_app, admin_jobs, some_household, operator):
+    job_id = enqueue(admin_jobs, some_household, "fail_with_failure", {"message": "no soup"})
+    admin_jobs.start_pool()
+    wait_for(lambda: admin_jobs.get(job_id).status == Status.FAILED)
+    client, _ = signed_in(admin_app, operator.token)
+    text = client.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
+    job = admin_jobs.get(job_id)
+    for name in (
+        "id",
+        "seq",
+        "household_id",
+        "kind",
+        "status",
+        "attempt",
+        "max_attempts",
+        "run_at",
+        "created_at",
+        "updated_at",
+        "started_at",
+        "finished_at",
+        "on_interrupt",
+        "interruptions",
+    ):
+        assert f'id="field-{name}">{getattr(job, name)}<' in text, name
+    assert "no soup" in text
+    assert 'id="retry"' in text
+    assert client.get("/admin/jobs/nope").status_code == 404
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+def test_retry_queues_a_failed_job_afresh_and_it_runs_again(
+    admin_app, admin_store, admin_jobs, some_household, operator, logs
+):
+    job_id = enqueue(admin_jobs, some_household)
+    force_failed(admin_store, job_id)
+    client, _ = signed_in(admin_app, operator.token)
+    admin_jobs.start_pool()
+    answer = post(client, f"/admin/jobs/{job_id}/retry", f"/admin/jobs/{job_id}")
+    assert answer.status_code == 303
+    assert answer.headers["Location"].endswith(f"/admin/jobs/{job_id}")
+    job = wait_for(lambda: (j := admin_jobs.get(job_id)).status == Status.SUCCEEDED and j)
+    assert job.attempt == 1
+    assert job.error is None
+    [record] = [r for r in logs.records if getattr(r, "operator_id", None) == operator.operator_id]
+    assert record.job_id == job_id
+    assert record.getMessage() == f"operator {operator.operator_id}: retry the job: retried"
+    # A job that is not failed is not retried.
+    again = post(client, f"/admin/jobs/{job_id}/retry", f"/admin/jobs/{job_id}")
+    assert again.status_code == 303
+    assert "Not possible" in client.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
+
+
+def test_delete_removes_a_job_that_is_not_running(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    job_id = enqueue(admin_jobs, some_household)
+    running = enqueue(admin_jobs, some_household)
+    sql.execute(
+        admin_store,
+        "UPDATE jobs SET status = 'running', attempt = 1, lease_owner = 'x', "
+        "lease_expires_at = run_at WHERE id = ?",
+        (running,),
+    )
+    client, _ = signed_in(admin_app, operator.token)
+    answer = post(client, f"/admin/jobs/{job_id}/delete", f"/admin/jobs/{job_id}")
+    assert answer.status_code == 303
+    assert answer.headers["Location"].endswith("/admin/jobs")
+    assert admin_jobs.get(job_id) is None
+    refused = post(client, f"/admin/jobs/{running}/delete", "/admin/")
+    assert refused.status_code == 303
+    assert admin_jobs.get(running) is not None
+
+
+def test_cancel_cancels_a_queued_job_and_refuses_a_finished_one(
+    admin_app, admin_store, admin_jobs, some_household, operator, logs
+):
+    queued = enqueue(admin_jobs, some_household)
+    failed = enqueue(admin_jobs, some_household)
+    force_failed(admin_store, failed)
+    client, _ = signed_in(admin_app, operator.token)
+    answer = post(client, f"/admin/jobs/{queued}/cancel", f"/admin/jobs/{queued}")
+    assert answer.status_code == 303
+    assert admin_jobs.get(queued).status == Status.CANCELLED
+    [record] = [r for r in logs.records if getattr(r, "operator_id", None) == operator.operator_id]
+    assert record.getMessage() == f"operator {operator.operator_id}: cancel the job: cancelled"
+    refused = post(client, f"/admin/jobs/{failed}/cancel", f"/admin/jobs/{failed}")
+    assert refused.status_code == 303
+    assert admin_jobs.get(failed).status == Status.FAILED
+    assert "Not possible" in client.get(f"/admin/jobs/{failed}").get_data(as_text=True)
+    # A cancelled job may be retried: queued again, it runs.
+    admin_jobs.start_pool()
+    post(client, f"/admin/jobs/{queued}/retry", f"/admin/jobs/{queued}")
+    wait_for(lambda: admin_jobs.get(queued).status == Status.SUCCEEDED)

@@ -1,0 +1,238 @@
+"""The dashboard in a real headless Chromium (Debian's `chromium` and
+`chromium-driver`, driven by selenium) against real gunicorn: sign in, read
+the overview, filter the jobs list, open a job, retry a failed job and watch
+it run again without a reload, cancel a running job, sign out. One browser
+and one server for the module; each step saves a screenshot of its page
+under the test's temp directory (and under `MQ_SCREENSHOT_DIR` when set, to
+refresh the README's pictures)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.ui import WebDriverWait
+
+from mealquest import migrations
+from mealquest.households import create_household
+from mealquest.operators import create_operator
+from tests.support import sql
+from tests.support.gates import Gates
+from tests.support.kinds import SECRET
+from tests.support.servers import (
+    Gunicorn,
+    enqueue,
+    final_jobs,
+    open_test_store,
+    serving_env,
+    wait_until,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SECRET_KEY = "browser-test-secret-" + "s" * 32
+WAIT_SECONDS = 30
+
+if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium and chromium-driver are missing: scripts/test installs them")
+    pytest.skip("chromium and chromium-driver are not installed", allow_module_level=True)
+
+
+class Site:
+    """The served dashboard, its database and the jobs the tests look at."""
+
+    def __init__(self, root: Path) -> None:
+        database = {"DATABASE": str(root / "mealquest.sqlite3")}
+        migrations.upgrade(database["DATABASE"])
+        self.store = open_test_store(database)
+        self.gates = Gates()
+        self.token = create_household(self.store, "The Browsers").token
+        self.operator = create_operator(self.store, "Ada")
+        env = serving_env(database, DASHBOARD=True, SECRET_KEY=SECRET_KEY)
+        self.server = Gunicorn(root / "gunicorn.log", env, workers=1)
+        self.server.wait_ready()
+        self.url = self.server.url
+
+    def enqueue(self, kind: str, payload: dict) -> str:
+        return enqueue(self.url, self.token, kind, payload)
+
+    def status(self, job_id: str) -> str:
+        return sql.scalar(self.store, "SELECT status FROM jobs WHERE id = ?", (job_id,))
+
+    def close(self) -> None:
+        self.gates.close()
+        self.server.stop()
+        self.store.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    site = Site(tmp_path_factory.mktemp("dashboard"))
+    try:
+        yield site
+    finally:
+        site.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # Chromium refuses to run as root without it
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1000",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def jobs(site):
+    """Jobs of every outcome, finished before the first page is read."""
+    done = [site.enqueue("succeed", {"value": n}) for n in range(3)]
+    failed = site.enqueue("fail_with_failure", {"message": "the soup burnt"})
+    secret = site.enqueue(
+        "raise_secret_error", {"secret": f"https://recipes.example/soup?token={SECRET}"}
+    )
+    wait_until(lambda: final_jobs(site.store, [*done, failed, secret]), 60, "jobs did not end")
+    return {"succeeded": done, "failed": failed, "secret": secret}
+
+
+def screenshot(browser, tmp_path, name):
+    path = tmp_path / f"{name}.png"
+    assert browser.save_screenshot(str(path))
+    if os.environ.get("MQ_SCREENSHOT_DIR"):
+        shutil.copy(path, Path(os.environ["MQ_SCREENSHOT_DIR"]) / f"{name}.png")
+    return path
+
+
+def wait(browser, condition, message):
+    return WebDriverWait(browser, WAIT_SECONDS).until(lambda _: condition(), message)
+
+
+def text_of(browser, element_id):
+    return browser.find_element(By.ID, element_id).text
+
+
+def mark_page(browser):
+    """A marker that a reload would erase: proves a change came without one."""
+    browser.execute_script("window.__notReloaded = true;")
+
+
+def not_reloaded(browser):
+    return browser.execute_script("return window.__notReloaded === true;")
+
+
+def test_sign_in_leads_to_the_overview(site, browser, jobs, tmp_path):
+    browser.get(f"{site.url}/admin/")
+    assert browser.current_url.endswith("/admin/sign-in")
+    screenshot(browser, tmp_path, "sign_in")
+    # A household's token does not sign in.
+    browser.find_element(By.ID, "token").send_keys(site.token)
+    browser.find_element(By.ID, "sign-in").click()
+    assert "not a live operator token" in text_of(browser, "sign-in-failed")
+    browser.find_element(By.ID, "token").send_keys(site.operator.token)
+    browser.find_element(By.ID, "sign-in").click()
+    wait(browser, lambda: browser.current_url.endswith("/admin/"), "not on the overview")
+    assert text_of(browser, "count-succeeded") == "3"
+    assert text_of(browser, "count-failed") == "2"
+    assert text_of(browser, "throughput") == "5"
+    # The session cookie is out of the page's reach.
+    assert browser.execute_script("return document.cookie;") == ""
+    screenshot(browser, tmp_path, "overview")
+
+
+def test_the_overview_refreshes_itself(site, browser, jobs, tmp_path):
+    browser.get(f"{site.url}/admin/")
+    mark_page(browser)
+    site.enqueue("succeed", {"value": 99})
+    wait(browser, lambda: text_of(browser, "count-succeeded") == "4", "the count did not change")
+    assert not_reloaded(browser)
+
+
+def test_filter_the_jobs_list(site, browser, jobs, tmp_path):
+    browser.get(f"{site.url}/admin/jobs")
+    assert len(browser.find_elements(By.CLASS_NAME, "job-row")) == 6
+    Select(browser.find_element(By.ID, "filter-status")).select_by_value("failed")
+    browser.find_element(By.ID, "apply-filters").click()
+    wait(browser, lambda: "status=failed" in browser.current_url, "the filter was not applied")
+    rows = browser.find_elements(By.CLASS_NAME, "job-row")
+    assert {row.find_element(By.TAG_NAME, "a").text for row in rows} == {
+        jobs["failed"],
+        jobs["secret"],
+    }
+    browser.find_element(By.ID, "filter-kind").send_keys("fail_with_failure")
+    browser.find_element(By.ID, "apply-filters").click()
+    wait(browser, lambda: "kind=fail_with_failure" in browser.current_url, "kind not applied")
+    [row] = browser.find_elements(By.CLASS_NAME, "job-row")
+    assert "the soup burnt" in row.text
+    screenshot(browser, tmp_path, "jobs")
+
+
+def test_open_a_job_and_its_payload_url_is_masked(site, browser, jobs, tmp_path):
+    browser.get(f"{site.url}/admin/jobs?status=failed")
+    browser.find_element(By.LINK_TEXT, jobs["secret"]).click()
+    wait(browser, lambda: browser.current_url.endswith(jobs["secret"]), "the job did not open")
+    assert text_of(browser, "job-status") == "failed"
+    assert "https://recipes.example/soup?token=***" in text_of(browser, "payload")
+    assert text_of(browser, "error") == "internal error"
+    assert SECRET not in browser.page_source
+    screenshot(browser, tmp_path, "job")
+
+
+def test_retry_a_failed_job_and_watch_it_run_again(site, browser, jobs, tmp_path):
+    # A job of a kind that succeeds, failed as if by a passing outage.
+    job_id = site.enqueue("succeed", {"value": 7})
+    wait_until(lambda: site.status(job_id) == "succeeded", 30, "the job did not run")
+    sql.execute(
+        site.store,
+        "UPDATE jobs SET status = 'failed', error = 'the page took too long to answer', "
+        "result = NULL WHERE id = ?",
+        (job_id,),
+    )
+    browser.get(f"{site.url}/admin/jobs/{job_id}")
+    assert text_of(browser, "job-status") == "failed"
+    browser.find_element(By.ID, "retry").click()
+    wait(browser, lambda: "fresh attempt budget" in browser.page_source, "no confirmation")
+    mark_page(browser)
+    wait(browser, lambda: text_of(browser, "job-status") == "succeeded", "it did not run again")
+    assert not_reloaded(browser)
+    assert text_of(browser, "error") == "none"
+    screenshot(browser, tmp_path, "retried")
+
+
+def test_cancel_a_running_job_and_watch_it_end_cancelled(site, browser, jobs, tmp_path):
+    job_id = site.enqueue("wait_for_gate", {"url": site.gates.url("cancel-me")})
+    wait_until(lambda: site.gates.arrivals("cancel-me") == 1, 30, "the job did not start")
+    browser.get(f"{site.url}/admin/jobs/{job_id}")
+    assert text_of(browser, "job-status") == "running"
+    browser.find_element(By.ID, "cancel").click()
+    wait(browser, lambda: "Cancel" in text_of(browser, "flash"), "no confirmation")
+    assert "not available" not in text_of(browser, "flash")
+    mark_page(browser)
+    screenshot(browser, tmp_path, "cancelling")
+    wait(browser, lambda: text_of(browser, "job-status") == "cancelled", "not shown cancelled")
+    assert not_reloaded(browser)
+    assert site.status(job_id) == "cancelled"
+    screenshot(browser, tmp_path, "cancelled")
+
+
+def test_sign_out(site, browser, jobs, tmp_path):
+    browser.get(f"{site.url}/admin/")
+    browser.find_element(By.ID, "sign-out").click()
+    wait(browser, lambda: browser.current_url.endswith("/admin/sign-in"), "not signed out")
+    browser.get(f"{site.url}/admin/jobs")
+    assert browser.current_url.endswith("/admin/sign-in")
