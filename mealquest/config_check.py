@@ -159,6 +159,7 @@ RULES: dict[str, Rule] = {
     "JOB_UNHANDLED_REPORT_SECONDS": positive,
     "JOB_MAX_BLOCKING_SECONDS": not_negative,
     "JOB_POOL_IN_WEB": flag,
+    "JOB_MAX_PENDING_PER_HOUSEHOLD": whole(1),
     "PROXY_FIX_HOPS": whole(0),
     "MAX_CONTENT_LENGTH": whole(1),
     "MAX_URI_LENGTH": whole(1),

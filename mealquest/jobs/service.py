@@ -11,7 +11,8 @@ from flask import Flask
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
-from mealquest.jobs.errors import PoolAlreadyStarted, UnknownKind
+from mealquest.jobs import quota
+from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs, UnknownKind
 from mealquest.jobs.model import Job, Status
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner import Pool, PoolSettings
@@ -20,14 +21,22 @@ from mealquest.store import Store, Transaction
 logger = logging.getLogger(__name__)
 
 
+class _AtQuota(Exception):
+    """Raised inside the enqueue's transaction to roll it back."""
+
+
 def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
 class JobService:
-    def __init__(self, store: Store, settings: PoolSettings) -> None:
+    def __init__(
+        self, store: Store, settings: PoolSettings, *, max_pending_per_household: int = 100
+    ) -> None:
         self.store = store
         self.settings = settings
+        # A household's quota: jobs it may have queued or running at once.
+        self.max_pending_per_household = max_pending_per_household
         self.registry = Registry()
         self.pool: Pool | None = None
 
@@ -44,6 +53,8 @@ class JobService:
         With `tx`, the job joins that open transaction and commits (or not)
         with the caller's own writes; the pool is woken only after the commit.
         A bad payload raises marshmallow's ValidationError and stores nothing.
+        A household at its quota raises `TooManyJobs` and stores nothing (with
+        `tx`, the caller's transaction is then to be rolled back).
         """
         kind = self.registry.get(kind_name)
         if kind is None:
@@ -52,6 +63,7 @@ class JobService:
         job_id = new_job_id()
 
         def insert(tx: Transaction) -> None:
+            self._check_quota(tx, household_id)
             self.store.jobs.insert_job(
                 tx,
                 job_id=job_id,
@@ -63,11 +75,28 @@ class JobService:
             )
             tx.after_commit(self._wake_pool)
 
-        if tx is None:
-            self.store.write(insert)
-        else:
-            insert(tx)
+        try:
+            if tx is None:
+                self.store.write(insert)
+            else:
+                insert(tx)
+        except _AtQuota:
+            raise TooManyJobs(self.quota_retry_after(household_id)) from None
         return job_id
+
+    def _check_quota(self, tx: Transaction, household_id: int, adding: int = 1) -> None:
+        """Refuse (rolling the transaction back) jobs past the household's quota.
+
+        Inside the transaction that inserts them, after the driver has made
+        the count hold until it commits (see `count_pending`)."""
+        pending = self.store.jobs.count_pending(tx, household_id)
+        if pending + adding > self.max_pending_per_household:
+            raise _AtQuota
+
+    def quota_retry_after(self, household_id: int) -> int:
+        """Seconds after which a household at its quota may find a place free (an estimate)."""
+        running, mean = self.store.read(self.store.jobs.household_load, household_id)
+        return quota.retry_after(running, mean)
 
     def _wake_pool(self) -> None:
         if self.pool is not None:
@@ -112,6 +141,10 @@ class JobService:
 
 
 def init_app(app: Flask) -> JobService:
-    service = JobService(get_store(app), PoolSettings.from_config(app.config))
+    service = JobService(
+        get_store(app),
+        PoolSettings.from_config(app.config),
+        max_pending_per_household=app.config["JOB_MAX_PENDING_PER_HOUSEHOLD"],
+    )
     app.extensions[JOBS_KEY] = service
     return service

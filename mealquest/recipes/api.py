@@ -39,6 +39,7 @@ _query_schema = PageQuerySchema()
     body=_import_schema,
     response=_job_schema,
     status=202,
+    errors=(429,),
     summary="Start importing a recipe from a web page; poll the job it answers.",
     response_headers={"Location": {"description": "the job's URL", "schema": {"type": "string"}}},
 )

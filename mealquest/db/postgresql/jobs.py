@@ -18,7 +18,7 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -109,6 +109,36 @@ def insert_job(
     notify_enqueued(tx)
 
 
+# Advisory locks (class, key) the claim takes for kinds with a deployment-wide cap.
+_CAP_LOCK_CLASS = int.from_bytes(b"mqcp", "big") - (1 << 31)
+
+
+def _most_of_kind(
+    kinds: list[str], limits: Mapping[str, int], caps: Mapping[str, int]
+) -> tuple[str, dict[str, Any]]:
+    """The most a claim may take of each capped kind, as an SQL expression of
+    `kind`: the process's room for it (`limits`), and the deployment's cap
+    less the kind's running jobs (`caps`). Empty when no kind is capped."""
+    cases: list[str] = []
+    params: dict[str, Any] = {}
+    for index, kind in enumerate(kinds):
+        bounds = []
+        if kind in limits:
+            bounds.append(f"%(most{index})s::bigint")
+            params[f"most{index}"] = int(limits[kind])
+        if kind in caps:
+            bounds.append(
+                f"%(cap{index})s::bigint - (SELECT count(*) FROM jobs "
+                f"WHERE status = 'running' AND kind = %(k{index})s)"
+            )
+            params[f"cap{index}"] = int(caps[kind])
+            params[f"k{index}"] = kind
+        if bounds:
+            params[f"k{index}"] = kind
+            cases.append(f"WHEN %(k{index})s THEN least({', '.join(bounds)}, %(limit)s)")
+    return (f"CASE kind {' '.join(cases)} ELSE %(limit)s END" if cases else ""), params
+
+
 def claim(
     tx: PostgresTransaction,
     *,
@@ -117,30 +147,94 @@ def claim(
     limit: int,
     kinds: Collection[str],
     now: datetime | None = None,
+    kind_limits: Mapping[str, int] | None = None,
+    kind_caps: Mapping[str, int] | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds`, oldest first, in one statement.
+    """Claim up to `limit` due queued jobs of `kinds`, households in turn, in one statement.
 
-    `SKIP LOCKED`: concurrent claims take disjoint jobs instead of waiting on
-    each other's rows. Only the kinds this process can run: during a rolling
-    deploy that adds a kind, older processes leave its jobs queued.
+    Households with due jobs take turns: the one with the fewest running jobs
+    first, then the one served longest ago, then the one whose oldest due
+    job is oldest; within a household, oldest first. A batch fills as if
+    claimed one job at a time, each claim counting as a running job of its
+    household. Cost: the households with running jobs plus about `limit`
+    households and `limit` jobs each, through indexes; never the finished
+    rows or the households with nothing queued.
+
+    `SKIP LOCKED` on the households' rows: concurrent claims take from
+    different households instead of waiting on each other. Only the kinds
+    this process can run: during a rolling deploy that adds a kind, older
+    processes leave its jobs queued. `kind_limits` caps how many of a kind
+    this claim takes (the process's room for it); `kind_caps` how many of a
+    kind may run in the whole deployment: for those kinds the claim first
+    takes a transaction advisory lock per kind, so claims that could take
+    them count the running jobs one after another (a counted claim made
+    exact by a lock), and the claim statement counts after the lock.
     """
+    kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
+    caps = {kind: cap for kind, cap in (kind_caps or {}).items() if kind in kinds}
+    for kind in sorted(caps):
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
+        ).fetchall()
+    most, most_params = _most_of_kind(kinds, kind_limits or {}, caps)
+    ranked = "SELECT seq, turn, run_at FROM picks"
+    if most:
+        ranked = (
+            f"SELECT seq, turn, run_at FROM (SELECT seq, turn, run_at, {most} AS most, "
+            "row_number() OVER (PARTITION BY kind ORDER BY turn, run_at, seq) AS nth "
+            "FROM picks) AS p WHERE nth <= most"
+        )
+    due = f"status = 'queued' AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[])"
     rows = tx.execute(
-        "WITH next AS ("
-        "SELECT seq FROM jobs WHERE status = 'queued' "
-        f"AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[]) "
-        "ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s, "
-        f"lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s), "
-        f"started_at = {_NOW}, updated_at = {_NOW} "
-        f"FROM next WHERE jobs.seq = next.seq RETURNING {_qualified('jobs')}",
+        f"""
+WITH idle AS (
+    SELECT q.household_id, 0::bigint AS running, q.served_at, q.head_run_at, q.head_seq
+    FROM household_queues AS q
+    WHERE q.head_run_at <= {_NOW}
+    AND NOT EXISTS (SELECT 1 FROM jobs AS r
+                    WHERE r.household_id = q.household_id AND r.status = 'running')
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    ORDER BY q.served_at, q.head_run_at, q.head_seq LIMIT %(limit)s
+    FOR UPDATE OF q SKIP LOCKED
+),
+busy AS (
+    SELECT q.household_id, b.running, q.served_at, q.head_run_at, q.head_seq
+    FROM (SELECT household_id, count(*) AS running FROM jobs
+          WHERE status = 'running' GROUP BY household_id) AS b
+    JOIN household_queues AS q ON q.household_id = b.household_id
+    WHERE q.head_run_at <= {_NOW}
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    FOR UPDATE OF q SKIP LOCKED
+),
+candidates AS (
+    SELECT household_id, running FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
+    ORDER BY running, served_at, head_run_at, head_seq LIMIT %(limit)s
+),
+picks AS (
+    SELECT j.seq, j.kind, j.run_at,
+           c.running + row_number() OVER (PARTITION BY c.household_id ORDER BY j.run_at, j.seq)
+           AS turn
+    FROM candidates AS c CROSS JOIN LATERAL (
+        SELECT seq, kind, run_at FROM jobs
+        WHERE household_id = c.household_id AND {due}
+        ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS j
+),
+next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, run_at, seq LIMIT %(limit)s)
+UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
+    lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
+    started_at = {_NOW}, updated_at = {_NOW}
+FROM next WHERE jobs.seq = next.seq AND jobs.status = 'queued'
+RETURNING {_qualified("jobs")}""",
         {
             "now": now,
             "kinds": list(kinds),
             "limit": limit,
             "owner": owner,
             "lease_seconds": float(lease_seconds),
+            **most_params,
         },
     ).fetchall()
     # RETURNING gives no order; hand jobs out oldest first.
@@ -348,3 +442,44 @@ def list_jobs(
         f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT %(limit)s", params
     ).fetchall()
     return [_job(row) for row in rows]
+
+
+# Transaction advisory locks (class, household) serialising a household's enqueues.
+_QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
+
+
+def count_pending(tx: PostgresTransaction, household_id: int) -> int:
+    """The household's queued and running jobs (its quota's use), counted under a
+    transaction advisory lock on the household: concurrent enqueues of one
+    household wait for each other's commit, so the count stays true until
+    this transaction commits. Read in a statement after the lock, so it sees
+    every enqueue that committed before."""
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(%s, (%s::bigint %% 2147483647)::integer)",
+        (_QUOTA_LOCK_CLASS, household_id),
+    ).fetchall()
+    row = tx.execute(
+        "SELECT count(*) AS pending FROM jobs "
+        "WHERE household_id = %s AND status IN ('queued', 'running')",
+        (household_id,),
+    ).fetchone()
+    return int(row["pending"])
+
+
+# How many of a household's latest finished jobs its typical run time is read from.
+_RECENT_RUNS = 20
+
+
+def household_load(conn: Executes, household_id: int) -> tuple[int, float | None]:
+    """The household's running jobs, and the mean run time in seconds of its
+    latest finished ones (None without any): what a quota's wait is judged by."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM jobs WHERE household_id = %(h)s AND status = 'running') "
+        "AS running, (SELECT avg(extract(epoch FROM finished_at - started_at)) "
+        "FROM (SELECT started_at, finished_at FROM jobs WHERE household_id = %(h)s "
+        "AND status IN ('succeeded', 'failed') AND started_at IS NOT NULL "
+        "ORDER BY seq DESC LIMIT %(recent)s) AS recent) AS seconds",
+        {"h": household_id, "recent": _RECENT_RUNS},
+    ).fetchone()
+    mean = row["seconds"]
+    return int(row["running"]), None if mean is None else float(mean)
