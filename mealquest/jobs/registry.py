@@ -48,12 +48,21 @@ class KindOptions:
     death, does to it (see `OnInterrupt`); None picks the default: `requeue`
     when `max_attempts` is above 1 (the author said a re-run is safe), else
     `fail` (at most once, as a job of one attempt promises).
+
+    Concurrency caps (None: no cap): `max_running_per_process` is how many of
+    the kind's jobs one process runs at once (its pool claims no more);
+    `max_running` how many run at once in the whole deployment, counted in
+    the database by each claim (exact on SQLite, where writes take turns; on
+    PostgreSQL claims that could take the kind count under an advisory lock
+    per kind). Every process should register a kind with the same caps.
     """
 
     max_attempts: int = 1
     backoff: Backoff = field(default_factory=Backoff)
     timeout_seconds: float = 600.0
     on_interrupt: OnInterrupt | None = None
+    max_running_per_process: int | None = None
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -62,6 +71,10 @@ class KindOptions:
             raise RegistrationError("timeout_seconds must be positive")
         if self.on_interrupt is not None and not isinstance(self.on_interrupt, OnInterrupt):
             raise RegistrationError("on_interrupt must be an OnInterrupt or None")
+        for name in ("max_running_per_process", "max_running"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise RegistrationError(f"{name} must be a whole number, 1 or more, or None")
 
     @property
     def interrupt_policy(self) -> OnInterrupt:
@@ -161,6 +174,22 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         """The kinds registered, the only ones this process's pool claims."""
         return tuple(self._kinds)
+
+    def per_process_caps(self) -> dict[str, int]:
+        """Kinds whose jobs one process runs at most so many of at once."""
+        return {
+            name: kind.options.max_running_per_process
+            for name, kind in self._kinds.items()
+            if kind.options.max_running_per_process is not None
+        }
+
+    def deployment_caps(self) -> dict[str, int]:
+        """Kinds whose jobs the whole deployment runs at most so many of at once."""
+        return {
+            name: kind.options.max_running
+            for name, kind in self._kinds.items()
+            if kind.options.max_running is not None
+        }
 
     def close(self) -> None:
         self._closed = True

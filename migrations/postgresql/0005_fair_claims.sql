@@ -9,10 +9,11 @@
 -- right whatever changes a job (enqueue, claim, retry, rescue, cancel,
 -- delete), in the same transaction as the change.
 --
--- Concurrency: a claim locks the rows of the households it takes from (FOR
--- UPDATE SKIP LOCKED), so claims never wait on each other; a trigger that
--- finds a head again locks the row first and reads the jobs after, in a
--- statement of its own, so it sees every commit made before it got the lock.
+-- Concurrency: a claim locks the rows of the households it takes from, in
+-- household order (claims that chose the same households take turns, and
+-- never deadlock); a trigger that finds a head again locks the row first and
+-- reads the jobs after, in a statement of its own, so it sees every commit
+-- made before it got the lock.
 CREATE TABLE household_queues (
     household_id bigint PRIMARY KEY REFERENCES households (id) ON DELETE CASCADE,
     served_at timestamptz NOT NULL DEFAULT '-infinity',

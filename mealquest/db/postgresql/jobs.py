@@ -160,8 +160,10 @@ def claim(
     households and `limit` jobs each, through indexes; never the finished
     rows or the households with nothing queued.
 
-    `SKIP LOCKED` on the households' rows: concurrent claims take from
-    different households instead of waiting on each other. Only the kinds
+    Claims that chose the same households take turns on their
+    `household_queues` rows (locked in household order, so two claims never
+    deadlock), and take jobs with `SKIP LOCKED`, re-checked after the wait,
+    so they never take the same job. Only the kinds
     this process can run: during a rolling deploy that adds a kind, older
     processes leave its jobs queued. `kind_limits` caps how many of a kind
     this claim takes (the process's room for it); `kind_caps` how many of a
@@ -197,7 +199,6 @@ WITH idle AS (
                     WHERE r.household_id = q.household_id AND r.status = 'running')
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
     ORDER BY q.served_at, q.head_run_at, q.head_seq LIMIT %(limit)s
-    FOR UPDATE OF q SKIP LOCKED
 ),
 busy AS (
     SELECT q.household_id, b.running, q.served_at, q.head_run_at, q.head_seq
@@ -206,11 +207,18 @@ busy AS (
     JOIN household_queues AS q ON q.household_id = b.household_id
     WHERE q.head_run_at <= {_NOW}
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
-    FOR UPDATE OF q SKIP LOCKED
 ),
-candidates AS (
+chosen AS (
     SELECT household_id, running FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
     ORDER BY running, served_at, head_run_at, head_seq LIMIT %(limit)s
+),
+locked AS (
+    SELECT q.household_id FROM household_queues AS q
+    WHERE q.household_id IN (SELECT household_id FROM chosen)
+    ORDER BY q.household_id FOR UPDATE OF q
+),
+candidates AS (
+    SELECT c.household_id, c.running FROM chosen AS c JOIN locked AS l USING (household_id)
 ),
 picks AS (
     SELECT j.seq, j.kind, j.run_at,
