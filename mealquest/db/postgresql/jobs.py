@@ -153,10 +153,10 @@ def claim(
     """Claim up to `limit` due queued jobs of `kinds`, households in turn, in one statement.
 
     Households with due jobs take turns: the one with the fewest running jobs
-    first, then the one served longest ago, then the one whose oldest due
-    job is oldest; within a household, oldest first. A batch fills as if
-    claimed one job at a time, each claim counting as a running job of its
-    household. Cost: the households with running jobs plus about `limit`
+    first, then the one served longest ago (of those one claim served, the
+    one served fewer jobs so far), then the one whose oldest job is oldest; within
+    a household, oldest first. A batch fills as if claimed one job at a
+    time, each claim counting as a running job of its household. Cost: the households with running jobs plus about `limit`
     households and `limit` jobs each, through indexes; never the finished
     rows or the households with nothing queued.
 
@@ -181,27 +181,39 @@ def claim(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
         ).fetchall()
     most, most_params = _most_of_kind(kinds, kind_limits or {}, caps)
-    ranked = "SELECT seq, turn, run_at FROM picks"
+    ranked = "SELECT seq, turn, place FROM picks"
     if most:
         ranked = (
-            f"SELECT seq, turn, run_at FROM (SELECT seq, turn, run_at, {most} AS most, "
-            "row_number() OVER (PARTITION BY kind ORDER BY turn, run_at, seq) AS nth "
+            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
+            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
             "FROM picks) AS p WHERE nth <= most"
         )
     due = f"status = 'queued' AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[])"
+    full = [
+        f"SELECT %(k{index})s::text WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
+        f"AND kind = %(k{index})s) >= %(cap{index})s"
+        for index, kind in enumerate(kinds)
+        if kind in caps
+    ]
+    full_kinds = ""
+    if full:
+        # Kinds at their deployment cap, left out before households and jobs
+        # are chosen, so they cannot hide a household's other jobs.
+        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
     rows = tx.execute(
         f"""
-WITH idle AS (
-    SELECT q.household_id, 0::bigint AS running, q.served_at, q.head_run_at, q.head_seq
+WITH {full_kinds}idle AS (
+    SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
     FROM household_queues AS q
     WHERE q.head_run_at <= {_NOW}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
                     WHERE r.household_id = q.household_id AND r.status = 'running')
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
-    ORDER BY q.served_at, q.head_run_at, q.head_seq LIMIT %(limit)s
+    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
 ),
 busy AS (
-    SELECT q.household_id, b.running, q.served_at, q.head_run_at, q.head_seq
+    SELECT q.household_id, b.running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
     FROM (SELECT household_id, count(*) AS running FROM jobs
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
@@ -209,8 +221,9 @@ busy AS (
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
 ),
 chosen AS (
-    SELECT household_id, running FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY running, served_at, head_run_at, head_seq LIMIT %(limit)s
+    SELECT household_id, running, row_number() OVER (ORDER BY running, served_at, served_jobs, head_run_at, head_seq) AS place
+    FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
+    ORDER BY running, served_at, served_jobs, head_run_at, head_seq LIMIT %(limit)s
 ),
 locked AS (
     SELECT q.household_id FROM household_queues AS q
@@ -218,10 +231,11 @@ locked AS (
     ORDER BY q.household_id FOR UPDATE OF q
 ),
 candidates AS (
-    SELECT c.household_id, c.running FROM chosen AS c JOIN locked AS l USING (household_id)
+    SELECT c.household_id, c.running, c.place
+    FROM chosen AS c JOIN locked AS l USING (household_id)
 ),
 picks AS (
-    SELECT j.seq, j.kind, j.run_at,
+    SELECT j.seq, j.kind, j.run_at, c.place,
            c.running + row_number() OVER (PARTITION BY c.household_id ORDER BY j.run_at, j.seq)
            AS turn
     FROM candidates AS c CROSS JOIN LATERAL (
@@ -230,7 +244,7 @@ picks AS (
         ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) AS j
 ),
-next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, run_at, seq LIMIT %(limit)s)
+next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
     lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
     started_at = {_NOW}, updated_at = {_NOW}

@@ -107,10 +107,10 @@ def claim(
     """Claim up to `limit` due queued jobs of `kinds`, households in turn, in one statement.
 
     Households with due jobs take turns: the one with the fewest running jobs
-    first, then the one served longest ago, then the one whose oldest due
-    job is oldest; within a household, oldest first. A batch fills as if
-    claimed one job at a time, each claim counting as a running job of its
-    household. Cost: the households with running jobs plus about `limit`
+    first, then the one served longest ago (of those one claim served, the
+    one served fewer jobs so far), then the one whose oldest job is oldest; within
+    a household, oldest first. A batch fills as if claimed one job at a
+    time, each claim counting as a running job of its household. Cost: the households with running jobs plus about `limit`
     households and `limit` jobs each, through indexes; never the finished
     rows or the households with nothing queued.
 
@@ -130,38 +130,50 @@ def claim(
         f"AND kind IN ({', '.join(f':{name}' for name in names)})"
     )
     most, most_params = _most_of_kind(kinds, kind_limits or {}, kind_caps or {})
-    ranked = "SELECT seq, turn, run_at FROM picks"
+    full = [
+        f"SELECT :k{index} WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
+        f"AND kind = :k{index}) >= :cap{index}"
+        for index, kind in enumerate(kinds)
+        if kind in (kind_caps or {})
+    ]
+    full_kinds = ""
+    if full:
+        # Kinds at their deployment cap, left out before households and jobs
+        # are chosen, so they cannot hide a household's other jobs.
+        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
+    ranked = "SELECT seq, turn, place FROM picks"
     if most:
         ranked = (
-            f"SELECT seq, turn, run_at FROM (SELECT seq, turn, run_at, {most} AS most, "
-            "row_number() OVER (PARTITION BY kind ORDER BY turn, run_at, seq) AS nth "
+            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
+            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
             "FROM picks) WHERE nth <= most"
         )
     rows = tx.execute(
         f"""
-WITH candidates(household_id, running) AS (
-    SELECT household_id, running FROM (
+WITH {full_kinds}candidates(household_id, running, place) AS (
+    SELECT household_id, running, row_number() OVER (ORDER BY running, served_at, served_jobs, head_run_at, head_seq) FROM (
         SELECT * FROM (
-            SELECT q.household_id, 0 AS running, q.served_at, q.head_run_at, q.head_seq
+            SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
             FROM household_queues AS q
             WHERE q.head_run_at <= :now
             AND NOT EXISTS (SELECT 1 FROM jobs AS r
                             WHERE r.household_id = q.household_id AND r.status = 'running')
             AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
-            ORDER BY q.served_at, q.head_run_at, q.head_seq LIMIT :limit
+            ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :limit
         )
         UNION ALL
-        SELECT q.household_id, b.running, q.served_at, q.head_run_at, q.head_seq
+        SELECT q.household_id, b.running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
         FROM (SELECT household_id, count(*) AS running FROM jobs
               WHERE status = 'running' GROUP BY household_id) AS b
         JOIN household_queues AS q ON q.household_id = b.household_id
         WHERE q.head_run_at <= :now
         AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
     )
-    ORDER BY running, served_at, head_run_at, head_seq LIMIT :limit
+    ORDER BY running, served_at, served_jobs, head_run_at, head_seq LIMIT :limit
 ),
 picks AS (
-    SELECT j.seq, j.kind, j.run_at,
+    SELECT j.seq, j.kind, j.run_at, c.place,
            c.running + row_number() OVER (PARTITION BY j.household_id ORDER BY j.run_at, j.seq)
            AS turn
     FROM candidates AS c JOIN jobs AS j ON j.seq IN (
@@ -171,7 +183,7 @@ picks AS (
 )
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
     lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment
-WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, run_at, seq LIMIT :limit)
+WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
 RETURNING {_COLUMNS}""",
         {
             "owner": owner,
