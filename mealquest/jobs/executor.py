@@ -177,7 +177,9 @@ class Executor:
         """Slots neither running a greenlet nor reserved by a claim in flight."""
         return self._slots.free_count() - self._reserved
 
-    def kind_room(self, caps: Mapping[str, int], finishing: Counter[str] | None = None) -> dict[str, int]:
+    def kind_room(
+        self, caps: Mapping[str, int], finishing: Counter[str] | None = None
+    ) -> dict[str, int]:
         """How many more jobs of each capped kind this process may start: its cap
         less the jobs of the kind it runs (a greenlet not dead yet counts),
         less what claims in flight may bring, plus `finishing` (jobs whose

@@ -139,6 +139,10 @@ def _most_of_kind(
     return (f"CASE kind {' '.join(cases)} ELSE %(limit)s END" if cases else ""), params
 
 
+# The order households take turns in (columns of `household_queues` and the running count).
+_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+
+
 def claim(
     tx: PostgresTransaction,
     *,
@@ -156,9 +160,10 @@ def claim(
     first, then the one served longest ago (of those one claim served, the
     one served fewer jobs so far), then the one whose oldest job is oldest; within
     a household, oldest first. A batch fills as if claimed one job at a
-    time, each claim counting as a running job of its household. Cost: the households with running jobs plus about `limit`
-    households and `limit` jobs each, through indexes; never the finished
-    rows or the households with nothing queued.
+    time, each claim counting as a running job of its household. Cost: the
+    households with running jobs plus about `limit` households and `limit`
+    jobs each, through indexes; never the finished rows or the households
+    with nothing queued.
 
     Claims that chose the same households take turns on their
     `household_queues` rows (locked in household order, so two claims never
@@ -204,7 +209,8 @@ def claim(
     rows = tx.execute(
         f"""
 WITH {full_kinds}idle AS (
-    SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
+    SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
     FROM household_queues AS q
     WHERE q.head_run_at <= {_NOW}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
@@ -213,7 +219,8 @@ WITH {full_kinds}idle AS (
     ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
 ),
 busy AS (
-    SELECT q.household_id, b.running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
+    SELECT q.household_id, b.running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
     FROM (SELECT household_id, count(*) AS running FROM jobs
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
@@ -221,9 +228,9 @@ busy AS (
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
 ),
 chosen AS (
-    SELECT household_id, running, row_number() OVER (ORDER BY running, served_at, served_jobs, head_run_at, head_seq) AS place
+    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
     FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY running, served_at, served_jobs, head_run_at, head_seq LIMIT %(limit)s
+    ORDER BY {_TURN} LIMIT %(limit)s
 ),
 locked AS (
     SELECT q.household_id FROM household_queues AS q

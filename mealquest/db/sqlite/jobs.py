@@ -93,6 +93,10 @@ def _most_of_kind(
     return (f"CASE kind {' '.join(cases)} ELSE :limit END" if cases else ""), params
 
 
+# The order households take turns in (columns of `household_queues` and the running count).
+_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+
+
 def claim(
     tx: Transaction,
     *,
@@ -110,9 +114,10 @@ def claim(
     first, then the one served longest ago (of those one claim served, the
     one served fewer jobs so far), then the one whose oldest job is oldest; within
     a household, oldest first. A batch fills as if claimed one job at a
-    time, each claim counting as a running job of its household. Cost: the households with running jobs plus about `limit`
-    households and `limit` jobs each, through indexes; never the finished
-    rows or the households with nothing queued.
+    time, each claim counting as a running job of its household. Cost: the
+    households with running jobs plus about `limit` households and `limit`
+    jobs each, through indexes; never the finished rows or the households
+    with nothing queued.
 
     Only the kinds this process can run: during a rolling deploy that adds a
     kind, older processes leave its jobs queued for the newer ones.
@@ -149,28 +154,34 @@ def claim(
             "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
             "FROM picks) WHERE nth <= most"
         )
+    # INDEXED BY and the `+` keep the plan an ordered walk of the households'
+    # turn index and a read of the running rows only, whatever ANALYZE found:
+    # with statistics SQLite would rather skip-scan and sort every household,
+    # or group the whole table by household.
     rows = tx.execute(
         f"""
 WITH {full_kinds}candidates(household_id, running, place) AS (
-    SELECT household_id, running, row_number() OVER (ORDER BY running, served_at, served_jobs, head_run_at, head_seq) FROM (
+    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) FROM (
         SELECT * FROM (
-            SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
-            FROM household_queues AS q
-            WHERE q.head_run_at <= :now
+            SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+            FROM household_queues AS q INDEXED BY household_queues_turn
+            WHERE +q.head_run_at <= :now
             AND NOT EXISTS (SELECT 1 FROM jobs AS r
                             WHERE r.household_id = q.household_id AND r.status = 'running')
             AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
             ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :limit
         )
         UNION ALL
-        SELECT q.household_id, b.running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq
-        FROM (SELECT household_id, count(*) AS running FROM jobs
+        SELECT q.household_id, b.running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+        FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
               WHERE status = 'running' GROUP BY household_id) AS b
         JOIN household_queues AS q ON q.household_id = b.household_id
         WHERE q.head_run_at <= :now
         AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
     )
-    ORDER BY running, served_at, served_jobs, head_run_at, head_seq LIMIT :limit
+    ORDER BY {_TURN} LIMIT :limit
 ),
 picks AS (
     SELECT j.seq, j.kind, j.run_at, c.place,
