@@ -301,3 +301,11 @@ def _pids_in(path: str) -> set[int]:
     if not Path(path).exists():
         return set()
     return {int(line.split()[1]) for line in Path(path).read_text().splitlines() if line}
+
+
+def test_the_services_own_jobs_may_skip_the_quota(make_app, household):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1)
+    jobs = get_jobs(app)
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, within_quota=False)
+    assert household_jobs(get_store(app), household.household_id) == 2

@@ -47,6 +47,7 @@ class JobService:
         *,
         household_id: int,
         tx: Transaction | None = None,
+        within_quota: bool = True,
     ) -> str:
         """Validate `payload` for the kind and store a queued job; returns its id.
 
@@ -54,7 +55,8 @@ class JobService:
         with the caller's own writes; the pool is woken only after the commit.
         A bad payload raises marshmallow's ValidationError and stores nothing.
         A household at its quota raises `TooManyJobs` and stores nothing (with
-        `tx`, the caller's transaction is then to be rolled back).
+        `tx`, the caller's transaction is then to be rolled back); `within_quota=False`
+        is for the service's own jobs, which no household posted.
         """
         kind = self.registry.get(kind_name)
         if kind is None:
@@ -63,7 +65,8 @@ class JobService:
         job_id = new_job_id()
 
         def insert(tx: Transaction) -> None:
-            self._check_quota(tx, household_id)
+            if within_quota:
+                self._check_quota(tx, household_id)
             self.store.jobs.insert_job(
                 tx,
                 job_id=job_id,
