@@ -92,8 +92,9 @@ class JobService:
 
         Inside the transaction that inserts them, after the driver has made
         the count hold until it commits (see `count_pending`)."""
-        pending = self.store.jobs.count_pending(tx, household_id)
-        if pending + adding > self.max_pending_per_household:
+        allowed = self.max_pending_per_household
+        pending = self.store.jobs.count_pending(tx, household_id, at_most=allowed)
+        if pending + adding > allowed:
             raise _AtQuota
 
     def quota_retry_after(self, household_id: int) -> int:

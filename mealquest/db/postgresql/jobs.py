@@ -477,8 +477,9 @@ def list_jobs(
 _QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
 
 
-def count_pending(tx: PostgresTransaction, household_id: int) -> int:
-    """The household's queued and running jobs (its quota's use), counted under a
+def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> int:
+    """The household's queued and running jobs (its quota's use), counted up to
+    `at_most` (the quota: the cost stays bounded by it) under a
     transaction advisory lock on the household: concurrent enqueues of one
     household wait for each other's commit, so the count stays true until
     this transaction commits. Read in a statement after the lock, so it sees
@@ -488,9 +489,9 @@ def count_pending(tx: PostgresTransaction, household_id: int) -> int:
         (_QUOTA_LOCK_CLASS, household_id),
     ).fetchall()
     row = tx.execute(
-        "SELECT count(*) AS pending FROM jobs "
-        "WHERE household_id = %s AND status IN ('queued', 'running')",
-        (household_id,),
+        "SELECT count(*) AS pending FROM (SELECT 1 FROM jobs "
+        "WHERE household_id = %s AND status IN ('queued', 'running') LIMIT %s) AS pending",
+        (household_id, at_most),
     ).fetchone()
     return int(row["pending"])
 

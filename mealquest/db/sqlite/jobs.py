@@ -419,14 +419,15 @@ def list_jobs(
     return [Job.from_row(row) for row in rows]
 
 
-def count_pending(tx: Transaction, household_id: int) -> int:
-    """The household's queued and running jobs (its quota's use), read inside the
-    write transaction that may add one: SQLite writes one transaction at a
-    time, so the count stays true until it commits."""
+def count_pending(tx: Transaction, household_id: int, at_most: int) -> int:
+    """The household's queued and running jobs (its quota's use), counted up to
+    `at_most` (the quota: the cost stays bounded by it), inside the write
+    transaction that may add one: SQLite writes one transaction at a time,
+    so the count stays true until it commits."""
     row = tx.execute(
-        "SELECT count(*) AS pending FROM jobs "
-        "WHERE household_id = ? AND status IN ('queued', 'running')",
-        (household_id,),
+        "SELECT count(*) AS pending FROM (SELECT 1 FROM jobs "
+        "WHERE household_id = ? AND status IN ('queued', 'running') LIMIT ?)",
+        (household_id, at_most),
     ).fetchone()
     return int(row["pending"])
 
