@@ -309,3 +309,54 @@ def test_the_services_own_jobs_may_skip_the_quota(make_app, household):
     jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, within_quota=False)
     assert household_jobs(get_store(app), household.household_id) == 2
+
+
+def _queue_heads(store: Any) -> dict[int, int]:
+    rows = sql.rows(store, "SELECT household_id, head_seq FROM household_queues")
+    return {row["household_id"]: row["head_seq"] for row in rows}
+
+
+def _expected_heads(store: Any) -> dict[int, int]:
+    """Each household's oldest queued job, read from the jobs themselves."""
+    rows = sql.rows(
+        store,
+        "SELECT household_id, seq FROM jobs AS j WHERE status = 'queued' AND seq = ("
+        "SELECT seq FROM jobs WHERE household_id = j.household_id AND status = 'queued' "
+        "ORDER BY run_at, seq LIMIT 1)",
+    )
+    return {row["household_id"]: row["seq"] for row in rows}
+
+
+def test_the_household_queues_follow_every_change_to_the_jobs(make_app, household, other_household):
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    a, b = household.household_id, other_household.household_id
+    ids = [jobs.enqueue("succeed", {"value": n}, household_id=h) for n, h in enumerate([a, a, b])]
+    seqs = {row["id"]: row["seq"] for row in sql.rows(store, "SELECT id, seq FROM jobs")}
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[0]], b: seqs[ids[2]]}
+
+    # Claimed: the head moves on; the last one leaves no row.
+    claimed = store.write(
+        store.jobs.claim, owner="t", lease_seconds=30.0, limit=3, kinds=("succeed",)
+    )
+    assert len(claimed) == 3
+    assert _queue_heads(store) == _expected_heads(store) == {}
+    # Back to the queue (a retry, a rescue): it is the head again.
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE id = ?",
+        (ids[1],),
+    )
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[1]]}
+    # Moved later in the queue, then deleted.
+    later = jobs.enqueue("succeed", {"value": 9}, household_id=a)
+    sql.execute(
+        store, "UPDATE jobs SET run_at = ? WHERE id = ?", ("2999-01-01T00:00:00.000000Z", ids[1])
+    )
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_heads(store)[a] == sql.scalar(
+        store, "SELECT seq FROM jobs WHERE id = ?", (later,)
+    )
+    sql.execute(store, "DELETE FROM jobs WHERE id = ?", (later,))
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[1]]}
