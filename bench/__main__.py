@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import claims, memory, pg, pg_throughput, throughput, web
+from bench import claims, fairness, memory, pg, pg_throughput, throughput, web
 from bench.common import FULL, QUICK, REPO, Sizes, copy_database, fresh_database, median, run_child
 from bench.loadgen import wrk_available
 
@@ -42,6 +42,9 @@ SQLITE_FIGURES = (
     "freeze_longest_gap",
     "claim_rate_store",
     "claim_rate_statement",
+    "fair_claim_households",
+    "fair_claim_vs_oldest_first",
+    "fair_b_behind_a",
     "rss_growth",
 )
 PG_FIGURES = (
@@ -265,6 +268,79 @@ def measure_claims(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
     return rows
 
 
+# Households holding the fair claim's queued jobs between them.
+FAIR_HOUSEHOLDS = 1_000
+# How long each of household A's jobs runs in the B-behind-A delay.
+FAIR_RUN_SECONDS = 0.02
+
+
+def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
+    many = fairness.build_queue(workdir, "many.sqlite3", FAIR_HOUSEHOLDS, sizes.fair_jobs)
+    one = fairness.build_queue(workdir, "one.sqlite3", 1, sizes.fair_jobs)
+    runs: dict[str, list[float]] = {"many": [], "one": [], "oldest_first": []}
+    for repeat in range(sizes.repeats):
+        for name, source, claim in (
+            ("many", many, "fair"),
+            ("one", one, "fair"),
+            ("oldest_first", many, "oldest_first"),
+        ):
+            db = copy_database(source, workdir / f"fair-{name}-{repeat}.sqlite3")
+            args = {
+                "db": db,
+                "claims": sizes.claims,
+                "claim": claim,
+                "synchronous": SYNCHRONOUS,
+                "log": str(log),
+            }
+            runs[name].append(run_child("fair_claim", args)["claims_per_s"])
+            Path(db).unlink()
+    many_rate, one_rate = median(runs["many"]), median(runs["one"])
+    households = figure(
+        "fair_claim_households",
+        many_rate,
+        "claims/s",
+        one_rate,
+        "claims/s",
+        f"the same jobs held by 1 household, not {FAIR_HOUSEHOLDS:,}",
+        "≥ 0.8x",
+    )
+    households["met"] = _at_least(households["ratio"], 0.8)
+    price = figure(
+        "fair_claim_vs_oldest_first",
+        many_rate,
+        "claims/s",
+        median(runs["oldest_first"]),
+        "claims/s",
+        "the plain oldest-first claim, same table",
+        "measured",
+    )
+    delays = []
+    for repeat in range(sizes.repeats):
+        db, household = fresh_database(workdir, f"fair-delay-{repeat}.sqlite3")
+        args = {
+            "db": db,
+            "household": household,
+            "jobs": sizes.fair_a_jobs,
+            "run_seconds": FAIR_RUN_SECONDS,
+            "synchronous": SYNCHRONOUS,
+            "log": str(log),
+        }
+        delays.append(run_child("b_behind_a", args)["delay_in_run_times"])
+    delay = median(delays)
+    behind = figure(
+        "fair_b_behind_a",
+        delay,
+        "run times",
+        sizes.fair_a_jobs,
+        "run times",
+        f"oldest first: behind all {sizes.fair_a_jobs} of A's jobs",
+        "≤ 2 run times",
+        met=delay <= 2,
+        ratio=False,
+    )
+    return [households, price, behind]
+
+
 def measure_memory(sizes: Sizes, workdir: Path) -> list[dict]:
     result = memory.worker_rss(workdir, sizes.memory_small, sizes.memory_large, sizes.workers)
     growth = result["rss_large_mb"] - result["rss_small_mb"]
@@ -396,6 +472,7 @@ SECTIONS = (
     "http",
     "freeze",
     "claims",
+    "fairness",
     "memory",
     "postgres",
 )
@@ -445,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                 figures += measure_freeze(sizes, workdir, log)
             elif section == "claims":
                 figures += measure_claims(sizes, workdir, log)
+            elif section == "fairness":
+                figures += measure_fairness(sizes, workdir, log)
             elif section == "memory":
                 figures += measure_memory(sizes, workdir)
             elif section == "postgres":

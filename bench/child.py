@@ -23,13 +23,14 @@ import json  # noqa: E402
 
 
 def main() -> None:
-    from bench import claims, freeze, latency, memory, pg_throughput, throughput
+    from bench import claims, fairness, freeze, latency, memory, pg_throughput, throughput
 
     functions = {
         **throughput.CHILDREN,
         **latency.CHILDREN,
         **freeze.CHILDREN,
         **claims.CHILDREN,
+        **fairness.CHILDREN,
         **memory.CHILDREN,
         **pg_throughput.CHILDREN,
     }

@@ -38,6 +38,8 @@ class Sizes:
     http_connections: int
     lock_seconds: float
     pg_jobs: int  # jobs per PostgreSQL throughput run
+    fair_jobs: int  # queued jobs, between 1,000 households or held by one, for the fair claim
+    fair_a_jobs: int  # household A's jobs ahead of B's one in the B-behind-A delay
 
 
 FULL = Sizes(
@@ -54,6 +56,8 @@ FULL = Sizes(
     http_connections=32,
     lock_seconds=2.0,
     pg_jobs=2_000,
+    fair_jobs=20_000,
+    fair_a_jobs=100,
 )
 
 QUICK = Sizes(
@@ -70,6 +74,8 @@ QUICK = Sizes(
     http_connections=4,
     lock_seconds=0.3,
     pg_jobs=100,
+    fair_jobs=2_000,
+    fair_a_jobs=15,
 )
 
 

@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     # A handler holding the event loop longer than this is named at ERROR with
     # its job id and kind by gevent's hub monitor (0 turns the monitor off).
     "JOB_MAX_BLOCKING_SECONDS": 1.0,
+    # A household's quota: jobs it may have queued or running at once; an
+    # enqueue past it is refused (HTTP 429 `too_many_jobs`, with Retry-After).
+    "JOB_MAX_PENDING_PER_HOUSEHOLD": 100,
     # How long a stopping pool lets running jobs finish before it stops them.
     "JOB_STOP_TIMEOUT_SECONDS": 25.0,
     # How old a periodic kind's scheduled time (cron, UTC) may be and still

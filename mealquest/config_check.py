@@ -179,6 +179,7 @@ RULES: dict[str, Rule] = {
     "JOB_POOL_IN_WEB": flag,
     "JOB_CRON_CATCHUP_SECONDS": positive,
     "JOB_RETENTION_DAYS": whole(0),
+    "JOB_MAX_PENDING_PER_HOUSEHOLD": whole(1),
     "PROXY_FIX_HOPS": whole(0),
     "MAX_CONTENT_LENGTH": whole(1),
     "MAX_URI_LENGTH": whole(1),

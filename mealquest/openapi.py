@@ -41,6 +41,7 @@ ERROR_CODES = (
     "uri_too_long",
     "unsupported_media_type",
     "unavailable",
+    "too_many_jobs",
     "internal",
     "conflict",
     "idempotency_key_reused",
@@ -55,6 +56,10 @@ _ERROR_DESCRIPTIONS = {
     409: "the resource is not in a state that allows this: `conflict`",
     415: "the request body is not JSON: `unsupported_media_type`",
     422: ("the `Idempotency-Key` was already used with another request: `idempotency_key_reused`"),
+    429: (
+        "the household has as many jobs queued or running as its quota allows "
+        "(retry after `Retry-After` seconds): `too_many_jobs`"
+    ),
     503: (
         "the database is busy, unreachable or its storage failed "
         "(retry after `Retry-After` seconds): `unavailable`"
@@ -208,7 +213,7 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
                     "schema": {"type": "string"},
                 }
             }
-        if status == 503:
+        if status in (429, 503):
             answer["headers"] = {
                 "Retry-After": {
                     "description": "seconds to wait before trying again",

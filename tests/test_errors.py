@@ -18,7 +18,9 @@ LIMIT = 1024
 @pytest.fixture
 def error_app(make_app, tmp_path):
     """The app with a small body limit, a short lock deadline and test-only routes."""
-    app = make_app(MAX_CONTENT_LENGTH=LIMIT, DB_BUSY_TIMEOUT_SECONDS=0.3)
+    app = make_app(
+        MAX_CONTENT_LENGTH=LIMIT, DB_BUSY_TIMEOUT_SECONDS=0.3, JOB_MAX_PENDING_PER_HOUSEHOLD=1
+    )
 
     def echo():
         return {"echo": request.get_json()}
@@ -111,6 +113,14 @@ def _storage_fault(client, auth, holder):
     return client.get("/test/storage-fault")
 
 
+def _too_many_jobs(client, auth, holder):
+    for page in ("a", "b"):
+        response = client.post(
+            "/api/v1/recipe-imports", json={"url": f"https://example.com/{page}"}, headers=auth
+        )
+    return response
+
+
 def _exception(client, auth, holder):
     return client.get("/test/explode")
 
@@ -129,6 +139,7 @@ CASES = {
     "unavailable-healthz": (_healthz_locked, 503, "unavailable", None),
     "unavailable-route": (_route_locked, 503, "unavailable", None),
     "unavailable-storage": (_storage_fault, 503, "unavailable", None),
+    "too_many_jobs": (_too_many_jobs, 429, "too_many_jobs", None),
     "internal": (_exception, 500, "internal", None),
 }
 
@@ -160,6 +171,8 @@ def test_every_error_code_answers_the_envelope(error_client, auth, lock_holder, 
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
     if code == "unavailable":
         assert 1 <= int(response.headers["Retry-After"]) <= 60
+    if code == "too_many_jobs":
+        assert 1 <= int(response.headers["Retry-After"]) <= 3600
     assert SECRET not in response.get_data(as_text=True)
 
 

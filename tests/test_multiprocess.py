@@ -32,6 +32,12 @@ START_DEADLINE = 60.0
 
 
 @pytest.fixture
+def app(make_app):
+    """These tests queue thousands of jobs for one household: a quota above that."""
+    return make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=10_000)
+
+
+@pytest.fixture
 def processes():
     with process_group() as group:
         yield group

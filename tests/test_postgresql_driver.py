@@ -8,6 +8,7 @@ test stand at another moment (a rescue past a lease, a claim in the future).
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from datetime import timedelta
 
@@ -29,6 +30,7 @@ from mealquest.jobs.model import (
     Status,
 )
 from mealquest.recipes.parse import ParsedRecipe
+from tests.conftest import wait_for
 from tests.support.postgres import fresh_database, require_postgres_url
 
 LEASE = 30.0
@@ -185,16 +187,25 @@ def test_claim_with_a_moment_in_the_future_takes_jobs_not_yet_due(store, househo
     assert job.id == later
 
 
-def test_two_open_claims_take_disjoint_jobs_without_waiting(store, pg_url, household):
+def test_two_open_claims_of_one_household_take_turns_and_disjoint_jobs(store, pg_url, household):
     queued = {enqueue(store, household) for _ in range(4)}
     first = raw_transaction(store, pg_url)
     second = raw_transaction(store, pg_url)
+    theirs: list = []
     try:
         mine = jobs.claim(first, owner="a", lease_seconds=LEASE, limit=2, kinds=["succeed"])
-        # `first` still holds its rows: without SKIP LOCKED this claim would wait
-        # on them (and fail at the statement timeout set below).
-        theirs = jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+        # The second claim chose the same household: it waits for the first's
+        # commit on the household's row, then takes only jobs still queued.
+        waiting = threading.Thread(
+            target=lambda: theirs.extend(
+                jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+            )
+        )
+        waiting.start()
+        wait_for(lambda: lock_waits(store) >= 1)
+        assert not theirs
         first.conn.execute("COMMIT")
+        waiting.join(30)
         second.conn.execute("COMMIT")
     finally:
         first.conn.close()
@@ -205,6 +216,17 @@ def test_two_open_claims_take_disjoint_jobs_without_waiting(store, pg_url, house
     assert {job.id for job in mine} | {job.id for job in theirs} == queued
     assert {get(store, job.id).lease_owner for job in mine} == {"a"}
     assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
+
+
+def lock_waits(store) -> int:
+    return store.read(
+        lambda conn: conn.execute(
+            # A row lock's waiter waits on the holder's transaction id, a
+            # lock of no database: the claim's own connection is named instead.
+            "SELECT count(*) AS n FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        ).fetchone()["n"]
+    )
 
 
 def raw_transaction(store, url):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -63,7 +64,7 @@ class Completer:
         self,
         store: Store,
         executor: Executor,
-        next_claim: Callable[[int], NextClaim | None],
+        next_claim: Callable[[int, Counter[str]], NextClaim | None],
         wake: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
@@ -130,16 +131,18 @@ class Completer:
 
     def _record_batch(self, batch: list[_Pending], *, claim_next: bool = True) -> None:
         running = self.executor.running
-        finishing = sum(
-            1
+        finishing = Counter(
+            entry.job.kind
             for pending in batch
             if (entry := running.get(pending.lease)) is not None and entry.recording
         )
-        limit = max(0, self.executor.free_slots() + finishing) if claim_next else 0
-        claim = self._next_claim(limit) if limit else None
+        limit = max(0, self.executor.free_slots() + finishing.total()) if claim_next else 0
+        claim = self._next_claim(limit, finishing) if limit else None
         claim_values = claim.values if claim else None
         claimed_at = time.monotonic()
-        with self.executor.reserving(limit if claim else 0):
+        with self.executor.reserving(
+            limit if claim else 0, claim_values["kind_limits"] if claim_values else None
+        ):
             try:
                 recorded, jobs = self.store.write(
                     _write_batch, self.store.jobs, batch, claim_values

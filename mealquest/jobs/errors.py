@@ -19,6 +19,18 @@ class IdempotencyKeyReused(JobsError):
     """That idempotency key was already used for another request."""
 
 
+class TooManyJobs(JobsError):
+    """The household has as many jobs queued or running as it may; try again later.
+
+    `retry_after` is the service's estimate, in whole seconds, of when one of
+    them will have finished.
+    """
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(self.__doc__.splitlines()[0] if self.__doc__ else "too many jobs")
+        self.retry_after = retry_after
+
+
 class PoolAlreadyStarted(JobsError):
     """The pool has already been started."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -236,8 +237,10 @@ class Executor:
         self.running: dict[Lease, Running] = {}
         self.slot_freed = Event()
         self._slots = gevent.pool.Pool(settings.workers)
-        # Slots a claim in flight (the producer's or the completer's) may fill.
+        # Slots a claim in flight (the producer's or the completer's) may fill,
+        # and of those, how many it may fill with each capped kind.
         self._reserved = 0
+        self._reserved_kinds: Counter[str] = Counter()
 
     # -- slots ------------------------------------------------------------------
 
@@ -245,13 +248,31 @@ class Executor:
         """Slots neither running a greenlet nor reserved by a claim in flight."""
         return self._slots.free_count() - self._reserved
 
+    def kind_room(
+        self, caps: Mapping[str, int], finishing: Counter[str] | None = None
+    ) -> dict[str, int]:
+        """How many more jobs of each capped kind this process may start: its cap
+        less the jobs of the kind it runs (a greenlet not dead yet counts),
+        less what claims in flight may bring, plus `finishing` (jobs whose
+        handlers returned and whose outcomes the claiming transaction writes)."""
+        running = Counter(entry.job.kind for entry in list(self.running.values()))
+        finishing = finishing or Counter()
+        return {
+            kind: max(0, cap - running[kind] - self._reserved_kinds[kind] + finishing[kind])
+            for kind, cap in caps.items()
+        }
+
     @contextmanager
-    def reserving(self, slots: int) -> Iterator[None]:
+    def reserving(self, slots: int, kinds: Mapping[str, int] | None = None) -> Iterator[None]:
+        """Hold `slots` (and up to `kinds[kind]` of each capped kind) for a claim in flight."""
+        kinds = dict(kinds or {})
         self._reserved += slots
+        self._reserved_kinds.update(kinds)
         try:
             yield
         finally:
             self._reserved -= slots
+            self._reserved_kinds.subtract(kinds)
             if slots:
                 # A claim that took fewer jobs than it reserved leaves slots
                 # free that no ending greenlet will announce.

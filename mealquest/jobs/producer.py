@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from gevent.event import Event
@@ -78,12 +79,16 @@ class Producer:
     def claim(self, limit: int) -> list[Job]:
         """Claim up to `limit` due jobs and start running them."""
         claimed_at = time.monotonic()
-        with self.executor.reserving(limit):
-            jobs = self.store.write(self.store.jobs.claim, **self.claim_values(limit))
+        values = self.claim_values(limit)
+        with self.executor.reserving(limit, values["kind_limits"]):
+            jobs = self.store.write(self.store.jobs.claim, **values)
             self.hand_out(jobs, claimed_at)
         return jobs
 
-    def claim_values(self, limit: int) -> dict[str, Any]:
+    def claim_values(self, limit: int, finishing: Counter[str] | None = None) -> dict[str, Any]:
+        """The claim's arguments. `finishing`: jobs by kind whose outcomes the
+        claiming transaction writes first (their places count as free)."""
+        room = self.executor.kind_room(self.registry.per_process_caps(), finishing)
         return {
             # Every claim fences its jobs with a token of its own, so an
             # attempt whose refund gave the next claim the same attempt number
@@ -92,13 +97,20 @@ class Producer:
             "lease_seconds": self.settings.lease_seconds,
             "limit": limit,
             "kinds": self.registry.names(),
+            "kind_limits": {kind: min(free, limit) for kind, free in room.items()},
+            "kind_caps": self.registry.deployment_caps(),
         }
 
-    def next_claim(self, limit: int) -> NextClaim | None:
+    def claimable_kinds(self) -> tuple[str, ...]:
+        """The kinds this process has handlers and room for now."""
+        room = self.executor.kind_room(self.registry.per_process_caps())
+        return tuple(kind for kind in self.registry.names() if room.get(kind, 1) > 0)
+
+    def next_claim(self, limit: int, finishing: Counter[str] | None = None) -> NextClaim | None:
         """What the completer claims for the slots a batch frees (nothing once stopping)."""
         if self.stopping.is_set():
             return None
-        return NextClaim(self.claim_values(limit), self.hand_out)
+        return NextClaim(self.claim_values(limit, finishing), self.hand_out)
 
     def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
         if jobs and self.stopping.is_set():
@@ -124,7 +136,6 @@ class Producer:
     def _wait_for_work(self) -> None:
         """Idle until woken, another process commits something due, or the poll interval."""
         deadline = time.monotonic() + self.settings.poll_seconds
-        kinds = self.registry.names()
         try:
             version = self.store.data_version()
             while not self.stopping.is_set():
@@ -138,7 +149,9 @@ class Producer:
                     continue
                 version = current
                 # Something committed (maybe only a heartbeat): claim only if a job is due.
-                if self.store.read(self.store.jobs.has_due_job, kinds):
+                # Only kinds with room: a kind at its cap here waits for a slot
+                # of its own, which wakes the producer when it frees.
+                if self.store.read(self.store.jobs.has_due_job, self.claimable_kinds()):
                     return
         except StoreUnavailable:
             self._wake.wait(max(deadline - time.monotonic(), 0))

@@ -53,6 +53,12 @@ class KindOptions:
     `cron` makes the kind periodic: a five-field cron expression, in UTC, at
     each of whose times one job of the kind is enqueued with `cron_payload`,
     for the system household (see `mealquest.jobs.periodic`).
+    Concurrency caps (None: no cap): `max_running_per_process` is how many of
+    the kind's jobs one process runs at once (its pool claims no more);
+    `max_running` how many run at once in the whole deployment, counted in
+    the database by each claim (exact on SQLite, where writes take turns; on
+    PostgreSQL claims that could take the kind count under an advisory lock
+    per kind). Every process should register a kind with the same caps.
     """
 
     max_attempts: int = 1
@@ -61,6 +67,8 @@ class KindOptions:
     on_interrupt: OnInterrupt | None = None
     cron: str | None = None
     cron_payload: Mapping[str, Any] = field(default_factory=dict)
+    max_running_per_process: int | None = None
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -74,6 +82,10 @@ class KindOptions:
                 CronSchedule(self.cron)
             except ValueError as error:
                 raise RegistrationError(f"cron {self.cron!r}: {error}") from None
+        for name in ("max_running_per_process", "max_running"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise RegistrationError(f"{name} must be a whole number, 1 or more, or None")
 
     @property
     def interrupt_policy(self) -> OnInterrupt:
@@ -185,6 +197,22 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         """The kinds registered, the only ones this process's pool claims."""
         return tuple(self._kinds)
+
+    def per_process_caps(self) -> dict[str, int]:
+        """Kinds whose jobs one process runs at most so many of at once."""
+        return {
+            name: kind.options.max_running_per_process
+            for name, kind in self._kinds.items()
+            if kind.options.max_running_per_process is not None
+        }
+
+    def deployment_caps(self) -> dict[str, int]:
+        """Kinds whose jobs the whole deployment runs at most so many of at once."""
+        return {
+            name: kind.options.max_running
+            for name, kind in self._kinds.items()
+            if kind.options.max_running is not None
+        }
 
     def close(self) -> None:
         self._closed = True

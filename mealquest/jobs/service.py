@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,9 +14,9 @@ from marshmallow import ValidationError
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
-from mealquest.jobs import enqueueing, retention
+from mealquest.jobs import enqueueing, quota, retention
 from mealquest.jobs.enqueueing import Enqueued, NewJob
-from mealquest.jobs.errors import PoolAlreadyStarted
+from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner import Pool, PoolSettings
@@ -39,10 +40,18 @@ class JobRequest:
     unique_key: str | None = None
 
 
+class _AtQuota(Exception):
+    """Raised inside the enqueue's transaction to roll it back."""
+
+
 class JobService:
-    def __init__(self, store: Store, settings: PoolSettings) -> None:
+    def __init__(
+        self, store: Store, settings: PoolSettings, *, max_pending_per_household: int = 100
+    ) -> None:
         self.store = store
         self.settings = settings
+        # A household's quota: jobs it may have queued or running at once.
+        self.max_pending_per_household = max_pending_per_household
         self.registry = Registry()
         self.pool: Pool | None = None
 
@@ -57,6 +66,7 @@ class JobService:
         delay: float | None = None,
         priority: int = DEFAULT_PRIORITY,
         unique_key: str | None = None,
+        within_quota: bool = True,
     ) -> str:
         """Validate `payload` for the kind and store a queued job; returns its id
         (with `unique_key`, the id of the job the key names, new or not: see
@@ -69,6 +79,10 @@ class JobService:
         transaction and commits (or not) with the caller's own writes; the
         pool is woken only after the commit. A bad payload or argument raises
         marshmallow's ValidationError and stores nothing.
+        A household past its quota raises `TooManyJobs` and stores nothing
+        (with `tx`, the caller's transaction is then to be rolled back);
+        `within_quota=False` is for the service's own jobs, which no household
+        posted.
         """
         return self.insert(
             kind_name,
@@ -79,6 +93,7 @@ class JobService:
             delay=delay,
             priority=priority,
             unique_key=unique_key,
+            within_quota=within_quota,
         ).job_id
 
     def insert(
@@ -92,6 +107,7 @@ class JobService:
         delay: float | None = None,
         priority: int = DEFAULT_PRIORITY,
         unique_key: str | None = None,
+        within_quota: bool = True,
     ) -> Enqueued:
         """`enqueue`, saying whether a job was made.
 
@@ -113,17 +129,22 @@ class JobService:
             priority=priority,
             unique_key=unique_key,
         )
-        return self._write([job], tx)[0]
+        return self._write([job], tx, within_quota=within_quota)[0]
 
     def enqueue_many(
-        self, requests: Sequence[JobRequest], *, tx: Transaction | None = None
+        self,
+        requests: Sequence[JobRequest],
+        *,
+        tx: Transaction | None = None,
+        within_quota: bool = True,
     ) -> list[Enqueued]:
         """Enqueue every request in one transaction, all or nothing.
 
         Every request is validated before anything is written: one bad item
         raises ValidationError with its index (`{2: {"value": [...]}}`), or
         UnknownKind, and stores nothing; so does an idempotency key reused
-        with another request. Answers in the requests' order.
+        with another request, or a household the batch would take past its
+        quota (TooManyJobs). Answers in the requests' order.
         """
         jobs: list[NewJob] = []
         errors: dict[int, Any] = {}
@@ -145,18 +166,55 @@ class JobService:
                 errors[index] = error.normalized_messages()
         if errors:
             raise ValidationError(errors)
-        return self._write(jobs, tx)
+        return self._write(jobs, tx, within_quota=within_quota)
 
-    def _write(self, jobs: list[NewJob], tx: Transaction | None) -> list[Enqueued]:
+    def _write(
+        self,
+        jobs: list[NewJob],
+        tx: Transaction | None,
+        *,
+        within_quota: bool = True,
+    ) -> list[Enqueued]:
+        """Insert the jobs in one transaction, then hold each household that
+        got a new job to its quota in that same transaction: a repeat that an
+        idempotency key answers makes nothing and so is never refused."""
+
         def insert(tx: Transaction) -> list[Enqueued]:
             done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
+            if within_quota:
+                grown = {
+                    job.household_id
+                    for job, enqueued in zip(jobs, done, strict=True)
+                    if enqueued.created
+                }
+                for household_id in sorted(grown):  # one lock order for every writer
+                    self._check_quota(tx, household_id)
             if any(enqueued.created for enqueued in done):
                 tx.after_commit(self._wake_pool)
             return done
 
-        if tx is None:
-            return self.store.write(insert)
-        return insert(tx)
+        try:
+            if tx is None:
+                return self.store.write(insert)
+            return insert(tx)
+        except _AtQuota as at_quota:
+            raise TooManyJobs(self.quota_retry_after(at_quota.args[0])) from None
+
+    def _check_quota(self, tx: Transaction, household_id: int) -> None:
+        """Refuse (rolling the transaction back) a household past its quota.
+
+        Counted after the household's new jobs were inserted, in their
+        transaction, once the driver has made the count hold until it
+        commits (see `count_pending`)."""
+        allowed = self.max_pending_per_household
+        pending = self.store.jobs.count_pending(tx, household_id, at_most=allowed + 1)
+        if pending > allowed:
+            raise _AtQuota(household_id)
+
+    def quota_retry_after(self, household_id: int) -> int:
+        """Seconds after which a household at its quota may find a place free (an estimate)."""
+        running, mean = self.store.read(self.store.jobs.household_load, household_id)
+        return quota.retry_after(running, mean)
 
     def cancel(self, job_id: str, household_id: int | None = None) -> Job | None:
         """Cancel a job (of that household; any household's with None, for operators).
@@ -224,7 +282,11 @@ class JobService:
             raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
         migrations.require_migrated(self.store)
         pool = Pool(
-            self.store, self.registry, self.settings, on_fatal=on_fatal, enqueue=self.enqueue
+            self.store,
+            self.registry,
+            self.settings,
+            on_fatal=on_fatal,
+            enqueue=functools.partial(self.enqueue, within_quota=False),
         )
         pool.start()
         self.pool = pool
@@ -232,7 +294,11 @@ class JobService:
 
 
 def init_app(app: Flask) -> JobService:
-    service = JobService(get_store(app), PoolSettings.from_config(app.config))
+    service = JobService(
+        get_store(app),
+        PoolSettings.from_config(app.config),
+        max_pending_per_household=app.config["JOB_MAX_PENDING_PER_HOUSEHOLD"],
+    )
     retention.register(
         service.registry,
         retention_days=app.config["JOB_RETENTION_DAYS"],

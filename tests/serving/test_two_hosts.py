@@ -82,6 +82,8 @@ def hosts(tmp_path: Path) -> Iterator[Callable[..., Gunicorn]]:
         number = len(started)
         home = tmp_path / f"host-{number}"
         home.mkdir()
+        # A quota above the thousands of jobs these tests queue for one household.
+        config = {"JOB_MAX_PENDING_PER_HOUSEHOLD": 10_000, **config}
         env = {**serving_env(served.database, **config), "PYTHONPATH": str(REPO)}
         server = Gunicorn(
             tmp_path / f"host-{number}.log",

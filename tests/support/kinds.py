@@ -63,6 +63,11 @@ class GateSchema(Schema):
     url = fields.String(required=True)
 
 
+class GateLogSchema(Schema):
+    url = fields.String(required=True)
+    log = fields.String(required=True)
+
+
 class GatePassedSchema(Schema):
     pid = fields.Integer(required=True, strict=True)
 
@@ -108,6 +113,36 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     finally:
         os.close(fd)
     return {}
+
+
+def _append_line(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def log_around_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Writes `+ ID PID` to the shared log file when it starts and `- ID PID` when
+    it ends, and waits at the gate between: the lines, in file order, say how
+    many of these jobs ran at once across processes (see `most_at_once`)."""
+    _append_line(payload["log"], f"+ {ctx.job_id} {os.getpid()}")
+    try:
+        pass_gate(payload["url"])
+    finally:
+        _append_line(payload["log"], f"- {ctx.job_id} {os.getpid()}")
+    return {"pid": os.getpid()}
+
+
+def most_at_once(log_path: str) -> int:
+    """The most jobs of `log_around_gate` between their start and end lines at once."""
+    running = most = 0
+    with open(log_path) as log:
+        for line in log:
+            running += 1 if line.startswith("+") else -1
+            most = max(most, running)
+    return most
 
 
 def sleep_on_first_attempt(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -245,4 +280,18 @@ def register_test_kinds(registry: Registry) -> None:
         payload=FollowUpSchema,
         result=AttemptSchema,
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "capped_per_process",
+        log_around_gate,
+        payload=GateLogSchema,
+        result=GatePassedSchema,
+        options=KindOptions(max_running_per_process=2),
+    )
+    registry.register(
+        "capped_deployment",
+        log_around_gate,
+        payload=GateLogSchema,
+        result=GatePassedSchema,
+        options=KindOptions(max_running=2),
     )

@@ -18,11 +18,12 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
+from mealquest.db import claiming
 from mealquest.db.postgresql.notify import notify_enqueued
 from mealquest.db.postgresql.store import Executes, PostgresTransaction
 from mealquest.jobs.model import (
@@ -217,6 +218,40 @@ def cancel_requested(tx: PostgresTransaction, leases: Iterable[Lease]) -> set[st
     return {row["id"] for row in rows}
 
 
+# Advisory locks (class, key) the claim takes for kinds with a deployment-wide cap.
+_CAP_LOCK_CLASS = int.from_bytes(b"mqcp", "big") - (1 << 31)
+
+
+def _most_of_kind(
+    kinds: list[str], limits: Mapping[str, int], caps: Mapping[str, int]
+) -> tuple[str, dict[str, Any]]:
+    """The most a claim may take of each capped kind, as an SQL expression of
+    `kind`: the process's room for it (`limits`), and the deployment's cap
+    less the kind's running jobs (`caps`). Empty when no kind is capped."""
+    cases: list[str] = []
+    params: dict[str, Any] = {}
+    for index, kind in enumerate(kinds):
+        bounds = []
+        if kind in limits:
+            bounds.append(f"%(most{index})s::bigint")
+            params[f"most{index}"] = int(limits[kind])
+        if kind in caps:
+            bounds.append(
+                f"%(cap{index})s::bigint - (SELECT count(*) FROM jobs "
+                f"WHERE status = 'running' AND kind = %(k{index})s)"
+            )
+            params[f"cap{index}"] = int(caps[kind])
+            params[f"k{index}"] = kind
+        if bounds:
+            params[f"k{index}"] = kind
+            cases.append(f"WHEN %(k{index})s THEN least({', '.join(bounds)}, %(limit)s)")
+    return (f"CASE kind {' '.join(cases)} ELSE %(limit)s END" if cases else ""), params
+
+
+# The order households take turns in (columns of `household_queues` and the running count).
+_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+
+
 def claim(
     tx: PostgresTransaction,
     *,
@@ -225,31 +260,150 @@ def claim(
     limit: int,
     kinds: Collection[str],
     now: datetime | None = None,
+    kind_limits: Mapping[str, int] | None = None,
+    kind_caps: Mapping[str, int] | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds` in one statement: by
-    priority (lower first), then oldest due first, then insertion order.
+    """Claim up to `limit` due queued jobs of `kinds`: by priority (lower
+    first), each priority's households in turn (`_claim_one_priority`)."""
+    return claiming.by_priority(
+        _claim_one_priority,
+        tx,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        limit=limit,
+        kinds=kinds,
+        now=now,
+        kind_limits=kind_limits,
+        kind_caps=kind_caps,
+    )
 
-    `SKIP LOCKED`: concurrent claims take disjoint jobs instead of waiting on
-    each other's rows. Only the kinds this process can run: during a rolling
-    deploy that adds a kind, older processes leave its jobs queued.
+
+def _claim_one_priority(
+    tx: PostgresTransaction,
+    *,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    kinds: Collection[str],
+    now: datetime | None = None,
+    kind_limits: Mapping[str, int] | None = None,
+    kind_caps: Mapping[str, int] | None = None,
+) -> list[Job]:
+    """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
+    one priority: the best among the due jobs this claim may take (found
+    first, through the claim index). Households with due jobs of that
+    priority take turns: the one with the fewest running jobs
+    first, then the one served longest ago (of those one claim served, the
+    one served fewer jobs so far), then the one whose oldest job is oldest; within
+    a household, oldest first. A batch fills as if claimed one job at a
+    time, each claim counting as a running job of its household. Cost: the
+    households with running jobs plus about `limit` households and `limit`
+    jobs each, through indexes; never the finished rows or the households
+    with nothing queued.
+
+    Claims that chose the same households take turns on their
+    `household_queues` rows (locked in household order, so two claims never
+    deadlock), and take jobs with `SKIP LOCKED`, re-checked after the wait,
+    so they never take the same job. Only the kinds
+    this process can run: during a rolling deploy that adds a kind, older
+    processes leave its jobs queued. `kind_limits` caps how many of a kind
+    this claim takes (the process's room for it); `kind_caps` how many of a
+    kind may run in the whole deployment: for those kinds the claim first
+    takes a transaction advisory lock per kind, so claims that could take
+    them count the running jobs one after another (a counted claim made
+    exact by a lock), and the claim statement counts after the lock.
     """
+    kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
+    caps = {kind: cap for kind, cap in (kind_caps or {}).items() if kind in kinds}
+    for kind in sorted(caps):
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
+        ).fetchall()
+    most, most_params = _most_of_kind(kinds, kind_limits or {}, caps)
+    ranked = "SELECT seq, turn, place FROM picks"
+    if most:
+        ranked = (
+            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
+            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
+            "FROM picks) AS p WHERE nth <= most"
+        )
+    due = f"status = 'queued' AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[])"
+    full = [
+        f"SELECT %(k{index})s::text WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
+        f"AND kind = %(k{index})s) >= %(cap{index})s"
+        for index, kind in enumerate(kinds)
+        if kind in caps
+    ]
+    full_kinds = ""
+    if full:
+        # Kinds at their deployment cap, left out before households and jobs
+        # are chosen, so they cannot hide a household's other jobs.
+        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
+    # The best priority of the jobs this claim may take: the first in the
+    # claim index's order (priority, run_at, seq) that is due and claimable.
+    full_kinds += f"tier AS (SELECT priority FROM jobs WHERE {due} ORDER BY priority LIMIT 1),\n"
+    due += " AND priority = (SELECT priority FROM tier)"
     rows = tx.execute(
-        "WITH next AS ("
-        "SELECT seq FROM jobs WHERE status = 'queued' "
-        f"AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[]) "
-        f"ORDER BY {CLAIM_ORDER} LIMIT %(limit)s FOR UPDATE SKIP LOCKED) "
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s, "
-        f"lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s), "
-        f"started_at = {_NOW}, updated_at = {_NOW} "
-        f"FROM next WHERE jobs.seq = next.seq RETURNING {_qualified('jobs')}",
+        f"""
+WITH {full_kinds}idle AS (
+    SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+    FROM household_queues AS q
+    WHERE q.head_run_at <= {_NOW}
+    AND NOT EXISTS (SELECT 1 FROM jobs AS r
+                    WHERE r.household_id = q.household_id AND r.status = 'running')
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
+),
+busy AS (
+    SELECT q.household_id, b.running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+    FROM (SELECT household_id, count(*) AS running FROM jobs
+          WHERE status = 'running' GROUP BY household_id) AS b
+    JOIN household_queues AS q ON q.household_id = b.household_id
+    WHERE q.head_run_at <= {_NOW}
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+),
+chosen AS (
+    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
+    FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
+    ORDER BY {_TURN} LIMIT %(limit)s
+),
+locked AS (
+    SELECT q.household_id FROM household_queues AS q
+    WHERE q.household_id IN (SELECT household_id FROM chosen)
+    ORDER BY q.household_id FOR UPDATE OF q
+),
+candidates AS (
+    SELECT c.household_id, c.running, c.place
+    FROM chosen AS c JOIN locked AS l USING (household_id)
+),
+picks AS (
+    SELECT j.seq, j.kind, j.run_at, c.place,
+           c.running + row_number() OVER (PARTITION BY c.household_id ORDER BY j.run_at, j.seq)
+           AS turn
+    FROM candidates AS c CROSS JOIN LATERAL (
+        SELECT seq, kind, run_at FROM jobs
+        WHERE household_id = c.household_id AND {due}
+        ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS j
+),
+next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
+UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
+    lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
+    started_at = {_NOW}, updated_at = {_NOW}
+FROM next WHERE jobs.seq = next.seq AND jobs.status = 'queued'
+RETURNING {_qualified("jobs")}""",
         {
             "now": now,
             "kinds": list(kinds),
             "limit": limit,
             "owner": owner,
             "lease_seconds": float(lease_seconds),
+            **most_params,
         },
     ).fetchall()
     # RETURNING gives no order; hand jobs out in the claim's.
@@ -469,3 +623,45 @@ def list_jobs(
         f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT %(limit)s", params
     ).fetchall()
     return [_job(row) for row in rows]
+
+
+# Transaction advisory locks (class, household) serialising a household's enqueues.
+_QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
+
+
+def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> int:
+    """The household's queued and running jobs (its quota's use), counted up to
+    `at_most` (the quota: the cost stays bounded by it) under a
+    transaction advisory lock on the household: concurrent enqueues of one
+    household wait for each other's commit, so the count stays true until
+    this transaction commits. Read in a statement after the lock, so it sees
+    every enqueue that committed before."""
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(%s, (%s::bigint %% 2147483647)::integer)",
+        (_QUOTA_LOCK_CLASS, household_id),
+    ).fetchall()
+    row = tx.execute(
+        "SELECT count(*) AS pending FROM (SELECT 1 FROM jobs "
+        "WHERE household_id = %s AND status IN ('queued', 'running') LIMIT %s) AS pending",
+        (household_id, at_most),
+    ).fetchone()
+    return int(row["pending"])
+
+
+# How many of a household's latest finished jobs its typical run time is read from.
+_RECENT_RUNS = 20
+
+
+def household_load(conn: Executes, household_id: int) -> tuple[int, float | None]:
+    """The household's running jobs, and the mean run time in seconds of its
+    latest finished ones (None without any): what a quota's wait is judged by."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM jobs WHERE household_id = %(h)s AND status = 'running') "
+        "AS running, (SELECT avg(extract(epoch FROM finished_at - started_at)) "
+        "FROM (SELECT started_at, finished_at FROM jobs WHERE household_id = %(h)s "
+        "AND status IN ('succeeded', 'failed') AND started_at IS NOT NULL "
+        "ORDER BY seq DESC LIMIT %(recent)s) AS recent) AS seconds",
+        {"h": household_id, "recent": _RECENT_RUNS},
+    ).fetchone()
+    mean = row["seconds"]
+    return int(row["running"]), None if mean is None else float(mean)

@@ -13,10 +13,11 @@ that cut a job short, or an expired lease) through `interrupt` and
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
+from mealquest.db import claiming
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -34,8 +35,6 @@ _COLUMNS = (
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
     "on_interrupt, interruptions, priority, unique_key, cancel_requested_at"
 )
-# The claim's order: priority (lower first), then due time, then insertion order.
-CLAIM_ORDER = "priority, run_at, seq"
 
 
 def insert_job(
@@ -171,6 +170,35 @@ def _placeholders(values: Collection[object]) -> str:
     return ", ".join("?" * len(values))
 
 
+def _most_of_kind(
+    kinds: list[str], limits: Mapping[str, int], caps: Mapping[str, int]
+) -> tuple[str, dict[str, object]]:
+    """The most a claim may take of each capped kind, as an SQL expression of
+    `kind`: the process's room for it (`limits`), and the deployment's cap
+    less the kind's running jobs (`caps`; exact, since SQLite writes one
+    transaction at a time). Empty when no kind is capped."""
+    cases: list[str] = []
+    params: dict[str, object] = {}
+    for index, kind in enumerate(kinds):
+        bounds = []
+        if kind in limits:
+            bounds.append(f":most{index}")
+            params[f"most{index}"] = int(limits[kind])
+        if kind in caps:
+            bounds.append(
+                f"(:cap{index} - (SELECT count(*) FROM jobs "
+                f"WHERE status = 'running' AND kind = :k{index}))"
+            )
+            params[f"cap{index}"] = int(caps[kind])
+        if bounds:
+            cases.append(f"WHEN :k{index} THEN min({', '.join(bounds)}, :limit)")
+    return (f"CASE kind {' '.join(cases)} ELSE :limit END" if cases else ""), params
+
+
+# The order households take turns in (columns of `household_queues` and the running count).
+_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+
+
 def claim(
     tx: Transaction,
     *,
@@ -179,31 +207,140 @@ def claim(
     limit: int,
     kinds: Collection[str],
     now: datetime | None = None,
+    kind_limits: Mapping[str, int] | None = None,
+    kind_caps: Mapping[str, int] | None = None,
 ) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds` in one statement: by
-    priority (lower first), then oldest due first, then insertion order.
+    """Claim up to `limit` due queued jobs of `kinds`: by priority (lower
+    first), each priority's households in turn (`_claim_one_priority`)."""
+    return claiming.by_priority(
+        _claim_one_priority,
+        tx,
+        owner=owner,
+        lease_seconds=lease_seconds,
+        limit=limit,
+        kinds=kinds,
+        now=now,
+        kind_limits=kind_limits,
+        kind_caps=kind_caps,
+    )
+
+
+def _claim_one_priority(
+    tx: Transaction,
+    *,
+    owner: str,
+    lease_seconds: float,
+    limit: int,
+    kinds: Collection[str],
+    now: datetime | None = None,
+    kind_limits: Mapping[str, int] | None = None,
+    kind_caps: Mapping[str, int] | None = None,
+) -> list[Job]:
+    """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
+    one priority: the best among the due jobs this claim may take (found
+    first, through the claim index). Households with due jobs of that
+    priority take turns: the one with the fewest running jobs
+    first, then the one served longest ago (of those one claim served, the
+    one served fewer jobs so far), then the one whose oldest job is oldest; within
+    a household, oldest first. A batch fills as if claimed one job at a
+    time, each claim counting as a running job of its household. Cost: the
+    households with running jobs plus about `limit` households and `limit`
+    jobs each, through indexes; never the finished rows or the households
+    with nothing queued.
 
     Only the kinds this process can run: during a rolling deploy that adds a
     kind, older processes leave its jobs queued for the newer ones.
+    `kind_limits` caps how many of a kind this claim takes (the process's
+    room for it); `kind_caps` how many of a kind may run in the whole
+    deployment.
     """
+    kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
     moment = _moment(now)
+    names = {f"k{index}": kind for index, kind in enumerate(kinds)}
+    due = (
+        "status = 'queued' AND run_at <= :now "
+        f"AND kind IN ({', '.join(f':{name}' for name in names)})"
+    )
+    most, most_params = _most_of_kind(kinds, kind_limits or {}, kind_caps or {})
+    full = [
+        f"SELECT :k{index} WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
+        f"AND kind = :k{index}) >= :cap{index}"
+        for index, kind in enumerate(kinds)
+        if kind in (kind_caps or {})
+    ]
+    full_kinds = ""
+    if full:
+        # Kinds at their deployment cap, left out before households and jobs
+        # are chosen, so they cannot hide a household's other jobs.
+        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
+    # The best priority of the jobs this claim may take: the first in the
+    # claim index's order (priority, run_at, seq) that is due and claimable.
+    full_kinds += (
+        f"tier(priority) AS (SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
+        "ORDER BY priority LIMIT 1),\n"
+    )
+    due += " AND priority = (SELECT priority FROM tier)"
+    ranked = "SELECT seq, turn, place FROM picks"
+    if most:
+        ranked = (
+            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
+            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
+            "FROM picks) WHERE nth <= most"
+        )
+    # INDEXED BY and the `+` keep the plan an ordered walk of the households'
+    # turn index and a read of the running rows only, whatever ANALYZE found:
+    # with statistics SQLite would rather skip-scan and sort every household,
+    # or group the whole table by household.
     rows = tx.execute(
-        "UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = ?, "
-        "lease_expires_at = ?, started_at = ?, updated_at = ? "
-        "WHERE seq IN (SELECT seq FROM jobs WHERE status = 'queued' AND run_at <= ? "
-        f"AND kind IN ({_placeholders(kinds)}) ORDER BY {CLAIM_ORDER} LIMIT ?) "
-        f"RETURNING {_COLUMNS}",
-        (
-            owner,
-            _text(moment + timedelta(seconds=lease_seconds)),
-            _text(moment),
-            _text(moment),
-            _text(moment),
-            *kinds,
-            limit,
-        ),
+        f"""
+WITH {full_kinds}candidates(household_id, running, place) AS (
+    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) FROM (
+        SELECT * FROM (
+            SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+            FROM household_queues AS q INDEXED BY household_queues_turn
+            WHERE +q.head_run_at <= :now
+            AND NOT EXISTS (SELECT 1 FROM jobs AS r
+                            WHERE r.household_id = q.household_id AND r.status = 'running')
+            AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+            ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :limit
+        )
+        UNION ALL
+        SELECT q.household_id, b.running, q.served_at, q.served_jobs,
+           q.head_run_at, q.head_seq
+        FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
+              WHERE status = 'running' GROUP BY household_id) AS b
+        JOIN household_queues AS q ON q.household_id = b.household_id
+        WHERE q.head_run_at <= :now
+        AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    )
+    ORDER BY {_TURN} LIMIT :limit
+),
+picks AS (
+    SELECT j.seq, j.kind, j.run_at, c.place,
+           c.running + row_number() OVER (PARTITION BY j.household_id ORDER BY j.run_at, j.seq)
+           AS turn
+    FROM candidates AS c JOIN jobs AS j ON j.seq IN (
+        SELECT seq FROM jobs WHERE household_id = c.household_id AND {due}
+        ORDER BY run_at, seq LIMIT :limit
+    )
+)
+UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
+    lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment
+WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
+RETURNING {_COLUMNS}""",
+        {
+            "owner": owner,
+            "lease_expires_at": _text(moment + timedelta(seconds=lease_seconds)),
+            "moment": _text(moment),
+            "now": _text(moment),
+            "limit": limit,
+            **names,
+            **most_params,
+        },
     ).fetchall()
     # RETURNING gives no order; hand jobs out in the claim's.
     return sorted(
@@ -431,3 +568,37 @@ def list_jobs(
         f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, limit)
     ).fetchall()
     return [Job.from_row(row) for row in rows]
+
+
+def count_pending(tx: Transaction, household_id: int, at_most: int) -> int:
+    """The household's queued and running jobs (its quota's use), counted up to
+    `at_most` (the quota: the cost stays bounded by it), inside the write
+    transaction that may add one: SQLite writes one transaction at a time,
+    so the count stays true until it commits."""
+    row = tx.execute(
+        "SELECT count(*) AS pending FROM (SELECT 1 FROM jobs "
+        "WHERE household_id = ? AND status IN ('queued', 'running') LIMIT ?)",
+        (household_id, at_most),
+    ).fetchone()
+    return int(row["pending"])
+
+
+# How many of a household's latest finished jobs its typical run time is read from.
+_RECENT_RUNS = 20
+
+
+def household_load(conn: sqlite3.Connection, household_id: int) -> tuple[int, float | None]:
+    """The household's running jobs, and the mean run time in seconds of its
+    latest finished ones (None without any): what a quota's wait is judged by."""
+    running = conn.execute(
+        "SELECT count(*) AS running FROM jobs WHERE household_id = ? AND status = 'running'",
+        (household_id,),
+    ).fetchone()["running"]
+    mean = conn.execute(
+        "SELECT avg((julianday(finished_at) - julianday(started_at)) * 86400.0) AS seconds "
+        "FROM (SELECT started_at, finished_at FROM jobs WHERE household_id = ? "
+        "AND status IN ('succeeded', 'failed') AND started_at IS NOT NULL "
+        "ORDER BY seq DESC LIMIT ?)",
+        (household_id, _RECENT_RUNS),
+    ).fetchone()["seconds"]
+    return int(running), None if mean is None else float(mean)

@@ -1,0 +1,389 @@
+"""Fair shares between households, on both databases, with the real runner:
+the per-household quota, the order claims take households in, and per-kind
+concurrency caps (in one process, and across processes)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mealquest.extensions import get_jobs, get_store
+from mealquest.households import create_household
+from mealquest.jobs import quota
+from mealquest.jobs.errors import TooManyJobs
+from mealquest.jobs.model import Status
+from mealquest.jobs.runner import JobContext
+from tests.conftest import wait_for
+from tests.support import sql
+from tests.support.kinds import EmptySchema, most_at_once
+from tests.support.processes import flask_jobs_work, process_group, wait_working
+
+pytestmark = pytest.mark.both_databases
+
+URL = "https://www.example.com/soup"
+
+
+def final(jobs: Any, job_id: str) -> Any:
+    job = jobs.get(job_id)
+    return job if job.status in (Status.SUCCEEDED, Status.FAILED) else None
+
+
+def household_jobs(store: Any, household_id: int) -> int:
+    return sql.scalar(store, "SELECT count(*) FROM jobs WHERE household_id = ?", (household_id,))
+
+
+# -- the quota ------------------------------------------------------------------------
+
+
+def test_a_household_at_its_quota_is_refused_429_with_retry_after_and_nothing_written(
+    make_app, household, other_household
+):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=3)
+    client = app.test_client()
+    auth = {"Authorization": f"Bearer {household.token}"}
+    for _ in range(3):
+        assert (
+            client.post("/api/v1/recipe-imports", json={"url": URL}, headers=auth).status_code
+            == 202
+        )
+
+    refused = client.post("/api/v1/recipe-imports", json={"url": URL}, headers=auth)
+
+    assert refused.status_code == 429
+    assert refused.get_json()["error"]["code"] == "too_many_jobs"
+    # No job has run yet: a whole default run time, shared by nothing running.
+    assert int(refused.headers["Retry-After"]) == quota.retry_after(0, None)
+    assert household_jobs(get_store(app), household.household_id) == 3
+    # Another household's quota is its own.
+    other = {"Authorization": f"Bearer {other_household.token}"}
+    assert (
+        client.post("/api/v1/recipe-imports", json={"url": URL}, headers=other).status_code == 202
+    )
+
+
+def test_the_quota_counts_queued_and_running_jobs_and_a_finished_one_frees_a_place(
+    make_app, household, gates
+):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=2, JOB_WORKERS=1)
+    jobs = get_jobs(app)
+    running = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
+    )
+    queued = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.start_pool()
+    wait_for(lambda: gates.arrivals("g") == 1)
+
+    with pytest.raises(TooManyJobs) as refused:
+        jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
+
+    assert refused.value.retry_after >= 1
+    assert household_jobs(get_store(app), household.household_id) == 2
+    gates.open("g")
+    wait_for(lambda: final(jobs, running) and final(jobs, queued))
+    jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+
+
+def test_a_refused_enqueue_in_the_callers_transaction_writes_nothing(make_app, household):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1)
+    jobs, store = get_jobs(app), get_store(app)
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+
+    def both(tx: Any) -> None:
+        jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, tx=tx)
+
+    with pytest.raises(TooManyJobs):
+        store.write(both)
+    assert household_jobs(store, household.household_id) == 1
+
+
+@pytest.mark.parametrize(
+    ("running", "mean", "expected"),
+    [
+        (0, None, 10),  # nothing known: a default run time
+        (0, 30.0, 30),  # nothing running: the queue waits a whole run
+        (3, 30.0, 10),  # one of three running ends three times sooner
+        (4, 0.01, 1),  # never below a second
+        (1, 10_000_000.0, 3600),  # nor above an hour
+    ],
+)
+def test_retry_after_is_a_run_time_shared_by_the_running_jobs(running, mean, expected):
+    assert quota.retry_after(running, mean) == expected
+
+
+def test_retry_after_follows_the_households_recent_run_times(make_app, household):
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    done = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.start_pool()
+    wait_for(lambda: final(jobs, done))
+    # The run took 40 s, as far as the row says.
+    sql.execute(
+        store,
+        "UPDATE jobs SET started_at = ?, finished_at = ? WHERE id = ?",
+        ("2026-01-01T00:00:00.000000Z", "2026-01-01T00:00:40.000000Z", done),
+    )
+    assert jobs.quota_retry_after(household.household_id) == 40
+
+
+# -- fair claiming ---------------------------------------------------------------------
+
+STARTS: list[tuple[int, str]] = []
+
+
+def record_start(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Notes which household's job started, in start order (the pool runs in this process)."""
+    STARTS.append((ctx.household_id, ctx.job_id))
+    return {}
+
+
+@pytest.fixture
+def fair_app(make_app):
+    """An app whose `record_start` jobs log their starts in `STARTS`."""
+    STARTS.clear()
+
+    def make(**config: Any) -> Any:
+        app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1000, **config)
+        get_jobs(app).registry.register(
+            "record_start", record_start, payload=EmptySchema, result=EmptySchema
+        )
+        return app
+
+    yield make
+    STARTS.clear()
+
+
+def test_with_one_worker_a_single_job_waits_behind_one_job_of_a_busy_household(
+    fair_app, household, other_household, gates
+):
+    app = fair_app(JOB_WORKERS=1)
+    jobs = get_jobs(app)
+    a, b = household.household_id, other_household.household_id
+    # A's first job holds the only worker while A queues 14 more, then B one.
+    first = jobs.enqueue("wait_for_gate", {"url": gates.url("a")}, household_id=a)
+    jobs.start_pool()
+    wait_for(lambda: gates.arrivals("a") == 1)
+    a_ids = [jobs.enqueue("record_start", {}, household_id=a) for _ in range(14)]
+    b_id = jobs.enqueue("record_start", {}, household_id=b)
+    gates.open("a")
+    wait_for(lambda: all(final(jobs, i) for i in [first, b_id, *a_ids]))
+
+    order = [job_id for _household, job_id in STARTS]
+    # B's job starts before A's third next job (here: right after A's first).
+    assert order.index(b_id) < order.index(a_ids[1])
+    assert order.index(b_id) == 0
+
+
+def test_with_four_workers_three_households_get_equal_shares_while_all_have_work(
+    fair_app, store, household, other_household
+):
+    third = create_household(store, "The Browns")
+    households = (household.household_id, other_household.household_id, third.household_id)
+    app = fair_app(JOB_WORKERS=4)
+    jobs = get_jobs(app)
+    # Posted at different rates: per round 6, 3 and 2 jobs, oldest first.
+    posted = Counter[int]()
+    for _round in range(15):
+        for household_id, rate in zip(households, (6, 3, 2), strict=True):
+            for _ in range(rate):
+                jobs.enqueue("record_start", {}, household_id=household_id)
+                posted[household_id] += 1
+    jobs.start_pool()
+    wait_for(lambda: len(STARTS) == sum(posted.values()))
+
+    # The window: until the first household's last job starts (all had work before).
+    started = Counter[int]()
+    for household_id, _job_id in STARTS:
+        started[household_id] += 1
+        if started[household_id] == posted[household_id]:
+            break
+    window = sum(started.values())
+    for household_id in households:
+        share = started[household_id] / window
+        assert abs(share - 1 / 3) <= 0.1 / 3, (started, window, "".join(str(h) for h, _ in STARTS))
+
+
+def test_a_household_with_only_jobs_of_unknown_kinds_does_not_stop_the_others(
+    fair_app, store, household, other_household
+):
+    app = fair_app(JOB_WORKERS=1)
+    jobs = get_jobs(app)
+    # Older, and of a kind no process here runs (a newer release's).
+    sql.execute(
+        store,
+        "INSERT INTO jobs (id, household_id, kind, payload, status, run_at, created_at, "
+        "updated_at) VALUES (?, ?, 'newer_kind', '{}', 'queued', ?, ?, ?)",
+        ("f" * 32, household.household_id, *(["2000-01-01T00:00:00.000000Z"] * 3)),
+    )
+    later = jobs.enqueue("record_start", {}, household_id=other_household.household_id)
+    jobs.start_pool()
+    wait_for(lambda: final(jobs, later))
+    assert jobs.get("f" * 32).status == Status.QUEUED
+
+
+# -- per-kind concurrency caps -------------------------------------------------------
+
+
+def test_a_kind_capped_per_process_never_runs_more_at_once_there(
+    make_app, household, gates, tmp_path
+):
+    app = make_app(JOB_WORKERS=4)
+    jobs = get_jobs(app)
+    log = str(tmp_path / "runs.log")
+    capped = [
+        jobs.enqueue(
+            "capped_per_process",
+            {"url": gates.url("c"), "log": log},
+            household_id=household.household_id,
+        )
+        for _ in range(6)
+    ]
+    marker = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.start_pool()
+    # The marker ran, so claims went past the capped jobs: two of them started, no more.
+    wait_for(lambda: final(jobs, marker))
+    wait_for(lambda: gates.arrivals("c") == 2)
+    assert most_at_once(log) == 2
+    assert sum(jobs.get(i).status == Status.RUNNING for i in capped) == 2
+
+    gates.open("c")
+    wait_for(lambda: all(final(jobs, i) for i in capped))
+    assert all(jobs.get(i).status == Status.SUCCEEDED for i in capped)
+    assert most_at_once(log) == 2
+
+
+def test_a_kind_capped_in_the_deployment_never_runs_more_at_once_across_processes(
+    database, make_app, household, gates, tmp_path
+):
+    # This app only enqueues: its pool never starts, the two processes run the jobs.
+    jobs = get_jobs(make_app())
+    log = str(tmp_path / "runs.log")
+    markers = str(tmp_path / "markers.log")
+    capped = [
+        jobs.enqueue(
+            "capped_deployment",
+            {"url": gates.url("d"), "log": log},
+            household_id=household.household_id,
+        )
+        for _ in range(6)
+    ]
+    with process_group() as processes:
+        processes.extend(
+            flask_jobs_work(database, JOB_WORKERS=3, JOB_POLL_SECONDS=0.05) for _ in range(2)
+        )
+        for worker in processes:
+            wait_working(worker)
+        wait_for(lambda: gates.arrivals("d") == 2)
+
+        def both_claimed_past_the_cap() -> bool:
+            # A marker each process ran was claimed after the capped jobs were
+            # queued and with slots free: that claim left the capped ones alone.
+            jobs.enqueue(
+                "append_job_id",
+                {"log": markers, "seconds": 0.0},
+                household_id=household.household_id,
+            )
+            return _pids_in(markers) >= {worker.pid for worker in processes}
+
+        wait_for(both_claimed_past_the_cap, interval=0.1)
+        assert gates.arrivals("d") == 2
+        assert most_at_once(log) == 2
+
+        gates.open("d")
+        wait_for(lambda: all(final(jobs, i) for i in capped))
+    assert all(jobs.get(i).status == Status.SUCCEEDED for i in capped)
+    assert most_at_once(log) == 2
+
+
+def _pids_in(path: str) -> set[int]:
+    if not Path(path).exists():
+        return set()
+    return {int(line.split()[1]) for line in Path(path).read_text().splitlines() if line}
+
+
+def test_the_services_own_jobs_may_skip_the_quota(make_app, household):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1)
+    jobs = get_jobs(app)
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id, within_quota=False)
+    assert household_jobs(get_store(app), household.household_id) == 2
+
+
+def _queue_heads(store: Any) -> dict[int, int]:
+    rows = sql.rows(store, "SELECT household_id, head_seq FROM household_queues")
+    return {row["household_id"]: row["head_seq"] for row in rows}
+
+
+def _expected_heads(store: Any) -> dict[int, int]:
+    """Each household's oldest queued job, read from the jobs themselves."""
+    rows = sql.rows(
+        store,
+        "SELECT household_id, seq FROM jobs AS j WHERE status = 'queued' AND seq = ("
+        "SELECT seq FROM jobs WHERE household_id = j.household_id AND status = 'queued' "
+        "ORDER BY run_at, seq LIMIT 1)",
+    )
+    return {row["household_id"]: row["seq"] for row in rows}
+
+
+def test_the_household_queues_follow_every_change_to_the_jobs(make_app, household, other_household):
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    a, b = household.household_id, other_household.household_id
+    ids = [jobs.enqueue("succeed", {"value": n}, household_id=h) for n, h in enumerate([a, a, b])]
+    seqs = {row["id"]: row["seq"] for row in sql.rows(store, "SELECT id, seq FROM jobs")}
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[0]], b: seqs[ids[2]]}
+
+    # Claimed: the head moves on; the last one leaves no row.
+    claimed = store.write(
+        store.jobs.claim, owner="t", lease_seconds=30.0, limit=3, kinds=("succeed",)
+    )
+    assert len(claimed) == 3
+    assert _queue_heads(store) == _expected_heads(store) == {}
+    # Back to the queue (a retry, a rescue): it is the head again.
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE id = ?",
+        (ids[1],),
+    )
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[1]]}
+    # Moved later in the queue, then deleted.
+    later = jobs.enqueue("succeed", {"value": 9}, household_id=a)
+    sql.execute(
+        store, "UPDATE jobs SET run_at = ? WHERE id = ?", ("2999-01-01T00:00:00.000000Z", ids[1])
+    )
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_heads(store)[a] == sql.scalar(
+        store, "SELECT seq FROM jobs WHERE id = ?", (later,)
+    )
+    sql.execute(store, "DELETE FROM jobs WHERE id = ?", (later,))
+    assert _queue_heads(store) == _expected_heads(store) == {a: seqs[ids[1]]}
+
+
+# -- priority comes before the households' turns ------------------------------------------
+
+
+def _claim(store: Any, limit: int) -> list[str]:
+    claimed = store.write(
+        store.jobs.claim, owner="w.1", lease_seconds=60, limit=limit, kinds=["succeed"]
+    )
+    return [job.id for job in claimed]
+
+
+def test_an_urgent_job_goes_before_the_households_turns_and_a_batch_fills_past_its_priority(
+    store, jobs, household, other_household
+):
+    busy, quiet = household.household_id, other_household.household_id
+    flood = [jobs.enqueue("succeed", {"value": n}, household_id=busy) for n in range(4)]
+    waiting = jobs.enqueue("succeed", {"value": 9}, household_id=quiet)
+    urgent = jobs.enqueue("succeed", {"value": 10}, household_id=busy, priority=-1)
+    later = jobs.enqueue("succeed", {"value": 11}, household_id=quiet, priority=5)
+
+    # The urgent job first, though its household is the busy one; then the
+    # households in turn at the default priority; the batch goes on into
+    # the next priority only when the better ones are all taken.
+    assert _claim(store, 3) == [urgent, flood[0], waiting]
+    assert _claim(store, 10) == [*flood[1:], later]
+    assert _claim(store, 10) == []
