@@ -387,3 +387,19 @@ def test_an_urgent_job_goes_before_the_households_turns_and_a_batch_fills_past_i
     assert _claim(store, 3) == [urgent, flood[0], waiting]
     assert _claim(store, 10) == [*flood[1:], later]
     assert _claim(store, 10) == []
+
+
+def test_a_repeat_of_an_idempotent_request_at_the_quota_answers_its_job_not_429(
+    make_app, household
+):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1)
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {household.token}", "Idempotency-Key": "soup-1"}
+    first = client.post("/api/v1/recipe-imports", json={"url": URL}, headers=headers)
+    again = client.post("/api/v1/recipe-imports", json={"url": URL}, headers=headers)
+    other = client.post(
+        "/api/v1/recipe-imports", json={"url": URL}, headers={**headers, "Idempotency-Key": "2"}
+    )
+    assert (first.status_code, again.status_code, other.status_code) == (202, 200, 429)
+    assert again.get_json()["id"] == first.get_json()["id"]
+    assert household_jobs(get_store(app), household.household_id) == 1
