@@ -8,7 +8,6 @@ test stand at another moment (a rescue past a lease, a claim in the future).
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from datetime import timedelta
 
@@ -30,7 +29,6 @@ from mealquest.jobs.model import (
     Status,
 )
 from mealquest.recipes.parse import ParsedRecipe
-from tests.conftest import wait_for
 from tests.support.postgres import fresh_database, require_postgres_url
 
 LEASE = 30.0
@@ -187,25 +185,20 @@ def test_claim_with_a_moment_in_the_future_takes_jobs_not_yet_due(store, househo
     assert job.id == later
 
 
-def test_two_open_claims_of_one_household_take_turns_and_disjoint_jobs(store, pg_url, household):
+def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
+    store, pg_url, household
+):
     queued = {enqueue(store, household) for _ in range(4)}
     first = raw_transaction(store, pg_url)
     second = raw_transaction(store, pg_url)
-    theirs: list = []
     try:
         mine = jobs.claim(first, owner="a", lease_seconds=LEASE, limit=2, kinds=["succeed"])
-        # The second claim chose the same household: it waits for the first's
-        # commit on the household's row, then takes only jobs still queued.
-        waiting = threading.Thread(
-            target=lambda: theirs.extend(
-                jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
-            )
-        )
-        waiting.start()
-        wait_for(lambda: lock_waits(store) >= 1)
-        assert not theirs
+        # The household's row is the first claim's until it commits: the
+        # second skips the household rather than wait (its statement_timeout
+        # would fail it), and takes nothing.
+        assert jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"]) == []
         first.conn.execute("COMMIT")
-        waiting.join(30)
+        theirs = jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
         second.conn.execute("COMMIT")
     finally:
         first.conn.close()
@@ -216,6 +209,44 @@ def test_two_open_claims_of_one_household_take_turns_and_disjoint_jobs(store, pg
     assert {job.id for job in mine} | {job.id for job in theirs} == queued
     assert {get(store, job.id).lease_owner for job in mine} == {"a"}
     assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
+
+
+def test_a_claim_never_deadlocks_with_a_transaction_holding_a_household_it_wants(
+    store, pg_url, household
+):
+    """A completer's transaction re-queues (or enqueues a follow-up) for one
+    household, locking its queue row, then claims; meanwhile another claim
+    holds a second household's row. Waiting for each other would deadlock."""
+    other = store.write(households.create_household, name="Joneses", token_sha256="b" * 64)[0]
+    enqueue(store, household)
+    enqueue(store, other)
+    completer = raw_transaction(store, pg_url)
+    producer = raw_transaction(store, pg_url)
+    try:
+        # The completer's follow-up for `other` locks that household's row.
+        jobs.insert_job(
+            completer,
+            job_id=uuid.uuid4().hex,
+            household_id=other,
+            kind="succeed",
+            payload="{}",
+            max_attempts=1,
+            on_interrupt=OnInterrupt.FAIL,
+        )
+        # The producer's claim takes `household` and skips `other` at once.
+        taken = jobs.claim(producer, owner="p", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        # The completer's claim skips `household`, the producer's now, and
+        # takes from its own: neither waits, so neither can deadlock.
+        its_own = jobs.claim(completer, owner="c", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        producer.conn.execute("COMMIT")
+        completer.conn.execute("COMMIT")
+    finally:
+        completer.conn.close()
+        producer.conn.close()
+
+    assert {job.household_id for job in taken} == {household}
+    assert {job.household_id for job in its_own} == {other}
+    assert len(its_own) == 2
 
 
 def lock_waits(store) -> int:

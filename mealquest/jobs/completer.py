@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import gevent
 from gevent.event import AsyncResult, Event
 
-from mealquest.jobs.executor import Executor, Outcome
+from mealquest.jobs.executor import Executor, Outcome, Running
 from mealquest.jobs.model import Job, Lease
 from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
 
@@ -57,6 +57,11 @@ def _write_batch(
     May run in the SQLite writer thread: no gevent objects."""
     recorded = [pending.outcome.write(jobs, tx, pending.lease) for pending in batch]
     return recorded, jobs.claim(tx, **claim) if claim else []
+
+
+def _household_of(running: Mapping[Lease, Running], lease: Lease) -> int:
+    entry = running.get(lease)
+    return entry.job.household_id if entry is not None else -1
 
 
 class Completer:
@@ -131,6 +136,10 @@ class Completer:
 
     def _record_batch(self, batch: list[_Pending], *, claim_next: bool = True) -> None:
         running = self.executor.running
+        # In household order: a re-queued job (or its follow-ups) locks its
+        # household's queue row on PostgreSQL, and two batches that lock rows
+        # in one order cannot deadlock on them.
+        batch = sorted(batch, key=lambda pending: _household_of(running, pending.lease))
         finishing = Counter(
             entry.job.kind
             for pending in batch

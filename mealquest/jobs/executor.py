@@ -181,7 +181,10 @@ class JobContext:
         is cancelled or interrupted, or its lease was lost to another process,
         no follow-up of it exists, and a retried attempt enqueues its own. A
         `unique_key` another job of the household holds makes no new job (and
-        does not fail the success). Returns the id the follow-up will have.
+        does not fail the success): the id returned, the one the follow-up
+        will have, then names no job. Follow-ups are the handler's own
+        chaining, not a household's request: the household's quota does not
+        refuse them (a handler that fans out bounds its own fan-out).
         """
         if self._registry is None:
             raise RuntimeError("this context cannot enqueue")

@@ -11,9 +11,10 @@
 -- right whatever changes a job (enqueue, claim, retry, rescue, cancel,
 -- delete), in the same transaction as the change.
 --
--- Concurrency: a claim locks the rows of the households it takes from, in
--- household order (claims that chose the same households take turns, and
--- never deadlock); a trigger that finds a head again locks the row first and
+-- Concurrency: a claim locks the rows of the households it takes from,
+-- skipping rows another transaction holds (it never waits for one, so it
+-- cannot deadlock with a transaction that holds one row and waits for
+-- another); a trigger that finds a head again locks the row first and
 -- reads the jobs after, in a statement of its own, so it sees every commit
 -- made before it got the lock.
 CREATE TABLE household_queues (

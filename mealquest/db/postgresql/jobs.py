@@ -301,10 +301,13 @@ def _claim_one_priority(
     jobs each, through indexes; never the finished rows or the households
     with nothing queued.
 
-    Claims that chose the same households take turns on their
-    `household_queues` rows (locked in household order, so two claims never
-    deadlock), and take jobs with `SKIP LOCKED`, re-checked after the wait,
-    so they never take the same job. Only the kinds
+    The claim locks the `household_queues` rows of the households it chose
+    with `SKIP LOCKED`, and their jobs likewise, so two claims never take the
+    same job and a claim never waits: another transaction may hold a
+    household's row (an enqueue, a retry or a rescue for it, whose triggers
+    lock it, or a claim) while it waits for a row this one holds, and
+    waiting would deadlock. A household skipped so is served by the next
+    claim. Only the kinds
     this process can run: during a rolling deploy that adds a kind, older
     processes leave its jobs queued. `kind_limits` caps how many of a kind
     this claim takes (the process's room for it); `kind_caps` how many of a
@@ -375,7 +378,7 @@ chosen AS (
 locked AS (
     SELECT q.household_id FROM household_queues AS q
     WHERE q.household_id IN (SELECT household_id FROM chosen)
-    ORDER BY q.household_id FOR UPDATE OF q
+    ORDER BY q.household_id FOR UPDATE OF q SKIP LOCKED
 ),
 candidates AS (
     SELECT c.household_id, c.running, c.place
