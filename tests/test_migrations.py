@@ -788,3 +788,29 @@ def test_two_upgrades_at_once_apply_each_migration_once(tmp_path):
     assert not any(isinstance(outcome, BaseException) for outcome in outcomes.values()), outcomes
     assert sorted(outcomes["first"] + outcomes["second"]) == [1, 2]
     assert ledger(path) == [1, 2]
+
+
+def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(tmp_path):
+    """The triggers that keep the queue figures and the households' turns, and
+    the indexes the claim names: a later rebuild of `jobs` that forgot one
+    would make figures silently wrong or every claim fail."""
+    path = str(tmp_path / "head.db")
+    migrations.upgrade(path)
+    conn = raw(path)
+    try:
+        rows = conn.execute("SELECT type, name FROM sqlite_master WHERE tbl_name = 'jobs'")
+        names = {(row["type"], row["name"]) for row in rows}
+    finally:
+        conn.close()
+    triggers = {name for kind, name in names if kind == "trigger"}
+    assert triggers >= {
+        "job_counts_insert",
+        "job_counts_update",
+        "job_counts_delete",
+        "jobs_queue_insert",
+        "jobs_queue_enter",
+        "jobs_queue_leave",
+        "jobs_queue_delete",
+    }
+    indexes = {name for kind, name in names if kind == "index"}
+    assert indexes >= {"jobs_claim", "jobs_running", "jobs_household_queued", "jobs_finished"}

@@ -156,3 +156,29 @@ def test_an_unreachable_server_is_one_clear_error_without_the_url():
         with pytest.raises(StoreUnavailable) as raised:
             look(url)
         assert str(raised.value) == "the PostgreSQL server could not be reached"
+
+
+def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(empty_url):
+    """The triggers that keep the queue figures and the households' turns, and
+    the indexes the claim uses, after every real migration."""
+    migrate.upgrade(empty_url)
+    with psycopg.connect(empty_url) as conn:
+        triggers = {
+            row[0]
+            for row in conn.execute(
+                "SELECT tgname FROM pg_trigger "
+                "WHERE tgrelid = 'jobs'::regclass AND NOT tgisinternal"
+            )
+        }
+        indexes = {
+            row[0]
+            for row in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'jobs'")
+        }
+    assert triggers >= {
+        "job_counts_insert_delete",
+        "job_counts_update",
+        "jobs_queue_insert",
+        "jobs_queue_update",
+        "jobs_queue_delete",
+    }
+    assert indexes >= {"jobs_claim", "jobs_finished"}
