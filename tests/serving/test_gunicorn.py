@@ -53,21 +53,19 @@ def runs_by_job(log: Path, event: str) -> dict[str, int]:
     return counts
 
 
-def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn):
-    server = start_gunicorn(workers=2)
+def test_jobs_enqueued_over_http_run_in_both_workers(served, start_gunicorn, gates, tmp_path):
+    """Eight jobs held running in two workers of four slots each: whichever
+    worker answers the posts and claims first, the other must run the rest."""
+    server = start_gunicorn(workers=2, config={"JOB_WORKERS": 4})
     workers = set(server.worker_pids())
-    ids: list[str] = []
+    payload = {"url": gates.url("held"), "log": str(tmp_path / "runs.log")}
+    ids = [enqueue(server.url, served.token, "pid_gate", payload) for _ in range(8)]
 
-    def pids_that_ran_jobs() -> set[int]:
-        ids.extend(enqueue(server.url, served.token, "pid", {}) for _ in range(4))
-        rows = final_jobs(served.store, ids) or {}
-        return {json.loads(row["result"])["pid"] for row in rows.values()}
-
-    wait_until(
-        lambda: pids_that_ran_jobs() == workers,
-        DEADLINE,
-        "jobs did not run in both gunicorn workers",
+    pids = wait_until(
+        lambda: running_pids(served.store, ids), DEADLINE, "jobs did not run in both workers"
     )
+    assert set(pids.values()) == workers
+    gates.open("held")
     rows = wait_until(lambda: final_jobs(served.store, ids), DEADLINE, "jobs did not finish")
     assert {row["status"] for row in rows.values()} == {"succeeded"}
 
