@@ -89,6 +89,14 @@ class Outcome:
                 # success must not fail over it.
                 enqueueing.insert(tx, jobs, job, on_reused_key="keep")
 
+    def write(self, jobs: ModuleType, tx: Transaction, lease: Lease) -> bool:
+        """This outcome alone, through `jobs` (the driver's job statements):
+        whether the fence matched; the follow-ups are written only then."""
+        matched = jobs.transition_many(tx, [self.transition(lease)])[0]
+        if matched:
+            self.write_follow_ups(jobs, tx)
+        return matched
+
 
 CANCELLED = Outcome(Status.CANCELLED)
 

@@ -26,6 +26,7 @@ from mealquest.clock import to_text
 from mealquest.db import claiming
 from mealquest.db.postgresql.notify import notify_enqueued
 from mealquest.db.postgresql.store import Executes, PostgresTransaction
+from mealquest.households import Household
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -670,6 +671,25 @@ def get_job(conn: Executes, job_id: str, household_id: int | None = None) -> Job
         {"id": job_id, "household_id": household_id},
     ).fetchone()
     return _job(row) if row else None
+
+
+def get_job_with_token(
+    conn: Executes, job_id: str, token_sha256: str
+) -> tuple[Household, Job | None] | None:
+    """The household of a live token (by digest) and its job `job_id` (None if
+    it has none of that id), in one statement; None if the token is not live."""
+    row = conn.execute(
+        "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        f"{_qualified('j')} FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        "LEFT JOIN jobs j ON j.id = %(id)s AND j.household_id = t.household_id "
+        "WHERE t.token_sha256 = %(digest)s AND t.revoked_at IS NULL",
+        {"id": job_id, "digest": token_sha256},
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(row)
+    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    return household, _job(values) if values["id"] is not None else None
 
 
 def list_jobs(

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db import claiming
+from mealquest.households import Household
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -563,6 +564,28 @@ def get_job(conn: sqlite3.Connection, job_id: str, household_id: int | None = No
         params += (household_id,)
     row = conn.execute(sql, params).fetchone()
     return Job.from_row(row) if row else None
+
+
+_JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _COLUMNS.split(","))
+
+
+def get_job_with_token(
+    conn: sqlite3.Connection, job_id: str, token_sha256: str
+) -> tuple[Household, Job | None] | None:
+    """The household of a live token (by digest) and its job `job_id` (None if
+    it has none of that id), in one statement; None if the token is not live."""
+    row = conn.execute(
+        "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        f"{_JOB_COLUMNS_OF_J} FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        "LEFT JOIN jobs j ON j.id = ? AND j.household_id = t.household_id "
+        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
+        (job_id, token_sha256),
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(row)
+    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    return household, Job.from_row(values) if values["id"] is not None else None
 
 
 def list_jobs(
