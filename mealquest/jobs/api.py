@@ -25,6 +25,7 @@ from mealquest.jobs.schemas import (
     JobListSchema,
     JobPathSchema,
     JobSchema,
+    dump_job,
 )
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
@@ -62,7 +63,7 @@ def get_job(job_id: str) -> ResponseReturnValue:
     authenticated_as(household)
     if job is None:
         raise not_found("job not found")
-    return _job_schema.dump(job)
+    return dump_job(job)
 
 
 @bp.get("")
