@@ -22,11 +22,18 @@ PREFIX = "/api/v1"
 
 bp = Blueprint("api", __name__, url_prefix=PREFIX)
 
+# Routes that check the token in their own statement, with what they read
+# (the hottest one: one database read per request instead of two). Only for
+# the methods their view serves: OPTIONS still goes through the hook.
+SELF_AUTHENTICATED = {"api.jobs.get_job": ("GET", "HEAD")}
+
 
 @bp.before_app_request
 def _require_token() -> ResponseReturnValue | None:
     path = request.path
     if path == PREFIX or path.startswith(PREFIX + "/"):
+        if request.method in SELF_AUTHENTICATED.get(request.endpoint or "", ()):
+            return None
         return require_token()
     return None
 

@@ -43,6 +43,21 @@ def require_token() -> ResponseReturnValue | None:
     return None
 
 
+def bearer_token() -> str:
+    """The request's bearer token as flask-httpauth parses it ("" if none)."""
+    return getattr(token_auth.get_auth(), "token", None) or ""
+
+
+def refuse_token() -> ResponseReturnValue:
+    """The same 401 answer `require_token` gives."""
+    return token_auth.auth_error_callback(401)
+
+
+def authenticated_as(household: Household) -> None:
+    """Record the household a route authenticated itself (see `SELF_AUTHENTICATED`)."""
+    g.flask_httpauth_user = household
+
+
 def current_household() -> Household:
     household = token_auth.current_user()
     if not isinstance(household, Household):  # only reachable if a route skips auth

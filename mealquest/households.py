@@ -98,8 +98,17 @@ def list_households(store: Store) -> list[tuple[Household, int]]:
     ]
 
 
-def household_for_token(store: Store, token: str) -> Household | None:
-    """The household a live token belongs to, or None."""
+def digest_of_wellformed(token: str) -> str | None:
+    """The digest to look `token` up by, or None when it cannot be one of ours
+    (no lookup is needed to refuse it)."""
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    return store.read(store.households.household_for_token_digest, token_digest(token))
+    return token_digest(token)
+
+
+def household_for_token(store: Store, token: str) -> Household | None:
+    """The household a live token belongs to, or None."""
+    digest = digest_of_wellformed(token)
+    if digest is None:
+        return None
+    return store.read(store.households.household_for_token_digest, digest)

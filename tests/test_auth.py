@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ from mealquest.households import (
     revoke_token,
     token_digest,
 )
+from tests.support.processes import REPO
+from tests.support.servers import serving_env
 
 pytestmark = pytest.mark.both_databases
 
@@ -124,6 +128,61 @@ def test_a_revoked_token_is_401_at_once_and_other_tokens_still_work(client, stor
     assert_unauthorized(client.get("/api/v1/jobs", headers=headers))
     response = client.get("/api/v1/jobs", headers={"Authorization": f"Bearer {second.token}"})
     assert response.status_code == 200
+
+
+def test_a_job_read_with_a_token_revoked_by_another_process_is_401_on_the_next_request(
+    client, jobs, database, household, other_household
+):
+    """The job route checks its token in the statement that reads the job (no
+    hook, no cache): `flask tokens revoke` in another process shows at once."""
+    second = create_token(jobs.store, household.household_id)
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    path = f"/api/v1/jobs/{job_id}"
+    headers = {"Authorization": f"Bearer {household.token}"}
+    assert client.get(path, headers=headers).get_json()["id"] == job_id
+    # Another household's token is live but the job is not its own: 404, not 401.
+    theirs = client.get(path, headers={"Authorization": f"Bearer {other_household.token}"})
+    assert theirs.status_code == 404
+    assert client.get("/api/v1/jobs/" + "0" * 32, headers=headers).status_code == 404
+    assert client.get("/api/v1/jobs/not-an-id", headers=headers).status_code == 404
+
+    revoked = subprocess.run(
+        [sys.executable, "-m", "flask", "tokens", "revoke", str(household.token_id)],
+        cwd=REPO,
+        env=serving_env(database),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert revoked.returncode == 0, revoked.stderr
+
+    assert_unauthorized(client.get(path, headers=headers))
+    assert client.head(path, headers=headers).status_code == 401
+    assert_unauthorized(client.get("/api/v1/jobs/" + "0" * 32, headers=headers))
+    assert_unauthorized(client.get("/api/v1/jobs/not-an-id", headers=headers))
+    assert_unauthorized(client.get("/api/v1/jobs", headers=headers))
+    kept = client.get(path, headers={"Authorization": f"Bearer {second.token}"})
+    assert kept.get_json()["id"] == job_id
+
+
+def test_the_job_route_refuses_what_the_hook_refuses(client, jobs, household):
+    """The route that authenticates itself gives the hook's 401 for every bad
+    header, and OPTIONS on it still goes through the hook."""
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    path = f"/api/v1/jobs/{job_id}"
+    for authorization in (
+        household.token,
+        f"Basic {household.token}",
+        f"Bearer {household.token}x",
+        f"Bearer {household.token[len(TOKEN_PREFIX) :]}",
+        "Bearer ",
+    ):
+        assert_unauthorized(client.get(path, headers={"Authorization": authorization}))
+    assert_unauthorized(client.get(path))
+    assert_unauthorized(client.options(path))
+    answer = client.head(path, headers={"Authorization": f"bearer {household.token}"})
+    assert answer.status_code == 200
 
 
 def test_healthz_needs_no_token(client):

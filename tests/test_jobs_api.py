@@ -165,3 +165,34 @@ def test_unrouted_paths_under_the_api_need_a_token_first(client, auth, method, p
     assert anonymous.json["error"]["code"] == "unauthorized"
     authenticated = client.open(path, method=method, headers=auth)
     assert authenticated.status_code in (404, 405)
+
+
+def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, store, household):
+    """The job route writes its answer out by hand; it must stay `JobSchema`'s
+    dump, field for field, whatever the job's state."""
+    from mealquest.jobs.model import Attempt, Transition
+    from mealquest.jobs.schemas import JobSchema, dump_job
+
+    mine = household.household_id
+    ids = [jobs.enqueue("succeed", {"value": n}, household_id=mine) for n in range(5)]
+    claimed = store.write(
+        store.jobs.claim, owner="w.1", lease_seconds=60, limit=4, kinds=["succeed"]
+    )
+    assert len(claimed) == 4
+    store.write(
+        store.jobs.transition_many,
+        [
+            Transition(claimed[0].lease, to=Status.SUCCEEDED, result='{"ok": [1, "two"]}'),
+            Transition(claimed[1].lease, to=Status.FAILED, error="no recipe found"),
+            Transition(claimed[2].lease, to=Status.QUEUED, attempt=Attempt.REFUND),
+        ],
+    )
+    schema = JobSchema()
+    statuses = set()
+    for job_id in ids:
+        job = jobs.get(job_id)
+        statuses.add(job.status)
+        assert dump_job(job) == schema.dump(job)
+        assert list(dump_job(job)) == list(schema.fields)
+        assert client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json() == schema.dump(job)
+    assert statuses == {Status.SUCCEEDED, Status.FAILED, Status.QUEUED, Status.RUNNING}

@@ -6,10 +6,18 @@ import re
 from typing import Any
 
 from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
 
-from mealquest.auth import current_household
+from mealquest.auth import (
+    authenticated_as,
+    bearer_token,
+    current_household,
+    refuse_token,
+    require_token,
+)
 from mealquest.errors import conflict, not_found
 from mealquest.extensions import get_jobs
+from mealquest.households import digest_of_wellformed
 from mealquest.jobs.model import Status
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
@@ -17,6 +25,7 @@ from mealquest.jobs.schemas import (
     JobListSchema,
     JobPathSchema,
     JobSchema,
+    dump_job,
 )
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
@@ -34,16 +43,27 @@ _query_schema = JobListQuerySchema()
 
 @bp.get("/<job_id>")
 @operation(path=_path_schema, response=_job_schema)
-def get_job(job_id: str) -> dict[str, Any]:
+def get_job(job_id: str) -> ResponseReturnValue:
     """One of the household's jobs."""
+    # Authenticated here (the API's hook lets this route through): the job is
+    # read in the statement that checks the token is live, so a revoked token
+    # is refused by the very request after its revocation, from any process.
     # A malformed id, an unknown id and another household's job all answer
     # the same 404, so ids cannot be probed across households.
-    job = None
-    if _job_id.match(job_id):
-        job = get_jobs().get(job_id, household_id=current_household().id)
+    digest = digest_of_wellformed(bearer_token())
+    if digest is None or not _job_id.match(job_id):
+        refused = require_token()
+        if refused is not None:
+            return refused
+        raise not_found("job not found")
+    found = get_jobs().get_with_token(job_id, digest)
+    if found is None:
+        return refuse_token()
+    household, job = found
+    authenticated_as(household)
     if job is None:
         raise not_found("job not found")
-    return _job_schema.dump(job)
+    return dump_job(job)
 
 
 @bp.get("")

@@ -55,7 +55,15 @@ def _write_batch(
 ) -> tuple[list[bool], list[Job]]:
     """The completer's transaction (through `jobs`, the driver's job statements).
     May run in the SQLite writer thread: no gevent objects."""
-    recorded = [pending.outcome.write(jobs, tx, pending.lease) for pending in batch]
+    # The state changes first, in one statement where the driver can (a round
+    # trip per outcome was most of a PostgreSQL batch), then the follow-ups of
+    # the successes that matched.
+    recorded = jobs.transition_many(
+        tx, [pending.outcome.transition(pending.lease) for pending in batch]
+    )
+    for pending, matched in zip(batch, recorded, strict=True):
+        if matched:
+            pending.outcome.write_follow_ups(jobs, tx)
     return recorded, jobs.claim(tx, **claim) if claim else []
 
 

@@ -38,6 +38,7 @@ from mealquest.jobs.model import (
     Job,
     Lease,
     Status,
+    Transition,
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
@@ -69,10 +70,9 @@ class Outcome:
     # success, in the same transaction, and only if the fence matched.
     follow_ups: tuple[NewJob, ...] = ()
 
-    def write(self, jobs: ModuleType, tx: Transaction, lease: Lease) -> bool:
-        """Through `jobs`, the driver's job statements."""
-        matched = jobs.transition(
-            tx,
+    def transition(self, lease: Lease) -> Transition:
+        """The fenced state change this outcome writes for `lease`."""
+        return Transition(
             lease,
             to=self.to,
             attempt=self.attempt,
@@ -80,11 +80,21 @@ class Outcome:
             error=self.error,
             delay_seconds=self.delay_seconds,
         )
-        if matched and self.to is Status.SUCCEEDED:
+
+    def write_follow_ups(self, jobs: ModuleType, tx: Transaction) -> None:
+        """Insert the follow-ups once the success's fenced write matched."""
+        if self.to is Status.SUCCEEDED:
             for job in self.follow_ups:
                 # A follow-up whose key another job holds is that job: the
                 # success must not fail over it.
                 enqueueing.insert(tx, jobs, job, on_reused_key="keep")
+
+    def write(self, jobs: ModuleType, tx: Transaction, lease: Lease) -> bool:
+        """This outcome alone, through `jobs` (the driver's job statements):
+        whether the fence matched; the follow-ups are written only then."""
+        matched = jobs.transition_many(tx, [self.transition(lease)])[0]
+        if matched:
+            self.write_follow_ups(jobs, tx)
         return matched
 
 

@@ -110,6 +110,19 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Transition:
+    """One running job's move out of `running`, fenced on its lease: what
+    `transition` takes, as a value, so a batch of them can be one statement."""
+
+    lease: Lease
+    to: Status
+    attempt: Attempt = Attempt.SPEND
+    result: str | None = None
+    error: str | None = None
+    delay_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class Job:
     """A job row as the runner and the API read it."""
 

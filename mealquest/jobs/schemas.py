@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from marshmallow import Schema, fields, validate
 
-from mealquest.jobs.model import Status
+from mealquest.jobs.model import Job, Status
 from mealquest.pagination import PageQuerySchema
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
@@ -59,6 +61,24 @@ class JobSchema(Schema):
     run_at = _time("when the job is (or was last) due to run", nullable=False)
     started_at = _time("when its latest attempt started; null until one has")
     finished_at = _time("when it ended (succeeded, failed or cancelled); null until then")
+
+
+def dump_job(job: Job) -> dict[str, Any]:
+    """`JobSchema().dump(job)`, written out for the hottest route (marshmallow's
+    dump was a fifth of that route's own time); a test holds the two equal."""
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "status": job.status.value,
+        "result": job.result,
+        "error": job.error,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "created_at": job.created_at,
+        "run_at": job.run_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
 
 
 class JobListSchema(Schema):

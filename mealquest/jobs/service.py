@@ -14,6 +14,7 @@ from marshmallow import ValidationError
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
+from mealquest.households import Household
 from mealquest.jobs import enqueueing, quota, retention
 from mealquest.jobs.enqueueing import Enqueued, NewJob
 from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
@@ -251,6 +252,11 @@ class JobService:
 
     def get(self, job_id: str, *, household_id: int | None = None) -> Job | None:
         return self.store.read(self.store.jobs.get_job, job_id, household_id)
+
+    def get_with_token(self, job_id: str, token_sha256: str) -> tuple[Household, Job | None] | None:
+        """The household of a live token (by digest) with its job of that id, in
+        one read; None if the token is not live (revocation shows at once)."""
+        return self.store.read(self.store.jobs.get_job_with_token, job_id, token_sha256)
 
     def list_jobs(
         self,

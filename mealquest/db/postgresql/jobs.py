@@ -18,7 +18,7 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from mealquest.clock import to_text
 from mealquest.db import claiming
 from mealquest.db.postgresql.notify import notify_enqueued
 from mealquest.db.postgresql.store import Executes, PostgresTransaction
+from mealquest.households import Household
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -35,6 +36,7 @@ from mealquest.jobs.model import (
     OnInterrupt,
     Recovered,
     Status,
+    Transition,
 )
 
 _COLUMNS = (
@@ -492,6 +494,78 @@ def transition(
     return cursor.rowcount == 1
 
 
+# `transition` for a batch, in one statement: each row of `change` carries its
+# target status, whether the attempt is refunded, and its result, error and
+# delay; the same columns as `_TO` and `_ATTEMPT` set, chosen per row.
+_CHANGE_CANCELLING = "change.status = 'queued' AND jobs.cancel_requested_at IS NOT NULL"
+_TRANSITION_MANY = (
+    "UPDATE jobs SET "
+    f"status = CASE WHEN {_CHANGE_CANCELLING} THEN 'cancelled' ELSE change.status END, "
+    "result = CASE change.status WHEN 'succeeded' THEN change.result "
+    f"WHEN 'queued' THEN CASE WHEN {_CHANGE_CANCELLING} THEN jobs.result END "
+    "ELSE jobs.result END, "
+    "error = CASE WHEN change.status = 'failed' THEN change.error ELSE jobs.error END, "
+    "finished_at = CASE WHEN change.status <> 'queued' OR jobs.cancel_requested_at IS NOT NULL "
+    "THEN now() END, "
+    f"run_at = CASE WHEN change.status <> 'queued' OR {_CHANGE_CANCELLING} "
+    "OR change.delay IS NULL THEN jobs.run_at "
+    "ELSE now() + make_interval(secs => change.delay) END, "
+    "interruptions = CASE WHEN change.refund THEN jobs.interruptions ELSE 0 END, "
+    "attempt = CASE WHEN change.refund THEN jobs.attempt - 1 ELSE jobs.attempt END, "
+    "lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
+    "FROM unnest(%(ids)s::text[], %(owners)s::text[], %(attempts)s::integer[], "
+    "%(statuses)s::text[], %(refunds)s::boolean[], %(results)s::text[], %(errors)s::text[], "
+    "%(delays)s::double precision[]) "
+    "AS change(id, owner, attempt, status, refund, result, error, delay) "
+    "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
+    "AND jobs.attempt = change.attempt RETURNING jobs.id, change.attempt"
+)
+
+
+def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) -> list[bool]:
+    """`transition` for each, in one statement; whether each lease was still held.
+
+    The completer writes a batch of outcomes at once: one round trip for the
+    batch rather than one per job (the fence is each row's own).
+    """
+    for change in transitions:
+        if change.to not in _TO or (
+            change.attempt is Attempt.REFUND and change.to is not Status.QUEUED
+        ):
+            raise ValueError(f"no transition from running to {change.to} with {change.attempt}")
+    if not transitions:
+        return []
+    if len(transitions) == 1:
+        change = transitions[0]
+        return [
+            transition(
+                tx,
+                change.lease,
+                to=change.to,
+                attempt=change.attempt,
+                result=change.result,
+                error=change.error,
+                delay_seconds=change.delay_seconds,
+            )
+        ]
+    rows = tx.execute(
+        _TRANSITION_MANY,
+        {
+            **_lease_arrays(change.lease for change in transitions),
+            "statuses": [str(change.to) for change in transitions],
+            "refunds": [change.attempt is Attempt.REFUND for change in transitions],
+            "results": [change.result for change in transitions],
+            "errors": [change.error for change in transitions],
+            "delays": [
+                None if change.delay_seconds is None else float(change.delay_seconds)
+                for change in transitions
+            ],
+        },
+    ).fetchall()
+    moved = {(row["id"], row["attempt"]) for row in rows}
+    return [(change.lease.job_id, change.lease.attempt) in moved for change in transitions]
+
+
 def renew_leases(
     tx: PostgresTransaction, leases: Iterable[Lease], *, lease_seconds: float
 ) -> set[tuple[str, int]]:
@@ -600,6 +674,25 @@ def get_job(conn: Executes, job_id: str, household_id: int | None = None) -> Job
         {"id": job_id, "household_id": household_id},
     ).fetchone()
     return _job(row) if row else None
+
+
+def get_job_with_token(
+    conn: Executes, job_id: str, token_sha256: str
+) -> tuple[Household, Job | None] | None:
+    """The household of a live token (by digest) and its job `job_id` (None if
+    it has none of that id), in one statement; None if the token is not live."""
+    row = conn.execute(
+        "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        f"{_qualified('j')} FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        "LEFT JOIN jobs j ON j.id = %(id)s AND j.household_id = t.household_id "
+        "WHERE t.token_sha256 = %(digest)s AND t.revoked_at IS NULL",
+        {"id": job_id, "digest": token_sha256},
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(row)
+    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    return household, _job(values) if values["id"] is not None else None
 
 
 def list_jobs(

@@ -3,7 +3,7 @@ across households, and the dashboard's retry and delete.
 
 Each read is bounded: counts come from `job_counts` and the changes not yet
 folded into it (kept by triggers, see the migration), the rest from indexes
-(`jobs_due_by_kind`, `jobs_finished_at`). Times are the database's (`now()`),
+(`jobs_due_by_kind`, `jobs_finished`). Times are the database's (`now()`),
 as everywhere on this driver.
 """
 

@@ -13,11 +13,12 @@ that cut a job short, or an expired lease) through `interrupt` and
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db import claiming
+from mealquest.households import Household
 from mealquest.jobs.model import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
@@ -27,6 +28,7 @@ from mealquest.jobs.model import (
     OnInterrupt,
     Recovered,
     Status,
+    Transition,
 )
 from mealquest.store import Transaction
 
@@ -427,6 +429,26 @@ def transition(
     return cursor.rowcount == 1
 
 
+def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[bool]:
+    """`transition` for each, in order; whether each lease was still held.
+
+    One statement each: SQLite runs them in this process, so a batch has no
+    round trips to save.
+    """
+    return [
+        transition(
+            tx,
+            change.lease,
+            to=change.to,
+            attempt=change.attempt,
+            result=change.result,
+            error=change.error,
+            delay_seconds=change.delay_seconds,
+        )
+        for change in transitions
+    ]
+
+
 def renew_leases(
     tx: Transaction, leases: Iterable[Lease], *, lease_seconds: float
 ) -> set[tuple[str, int]]:
@@ -542,6 +564,28 @@ def get_job(conn: sqlite3.Connection, job_id: str, household_id: int | None = No
         params += (household_id,)
     row = conn.execute(sql, params).fetchone()
     return Job.from_row(row) if row else None
+
+
+_JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _COLUMNS.split(","))
+
+
+def get_job_with_token(
+    conn: sqlite3.Connection, job_id: str, token_sha256: str
+) -> tuple[Household, Job | None] | None:
+    """The household of a live token (by digest) and its job `job_id` (None if
+    it has none of that id), in one statement; None if the token is not live."""
+    row = conn.execute(
+        "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        f"{_JOB_COLUMNS_OF_J} FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        "LEFT JOIN jobs j ON j.id = ? AND j.household_id = t.household_id "
+        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
+        (job_id, token_sha256),
+    ).fetchone()
+    if row is None:
+        return None
+    values = dict(row)
+    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    return household, Job.from_row(values) if values["id"] is not None else None
 
 
 def list_jobs(

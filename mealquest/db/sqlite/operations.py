@@ -2,7 +2,7 @@
 households, and the dashboard's retry and delete.
 
 Each read is bounded: counts come from `job_counts` (kept by triggers), the
-rest from indexes (`jobs_due_by_kind`, `jobs_finished_at`). Reads run on the
+rest from indexes (`jobs_due_by_kind`, `jobs_finished`). Reads run on the
 process's event loop, so none may walk the table's rows.
 """
 
