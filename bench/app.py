@@ -84,7 +84,9 @@ def create_bench_app(config: dict[str, Any] | None = None) -> Flask:
         # figure measures is the enqueue, not the web page's server.
         kind = registry.get(KIND)
         assert kind is not None
-        registry._kinds[KIND] = dataclasses.replace(kind, handler=noop)
+        registry._kinds[KIND] = dataclasses.replace(
+            kind, handler=noop, result_schema=EmptySchema(), partial_schema=EmptySchema()
+        )
     registry.register("noop", noop, payload=EmptySchema, result=EmptySchema)
     registry.register("stamp", stamp, payload=StampSchema, result=EmptySchema)
     app.add_url_rule("/bench/trivial", "bench_trivial", trivial)
