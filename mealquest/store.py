@@ -704,9 +704,11 @@ class Store:
         False if the transaction failed as a whole (then nothing of it committed)."""
         # In the writer thread.
         try:
-            conn = self._begin(max(writes[index].deadline for index in live))
+            # The lock is waited for until the earliest deadline: no caller waits
+            # past its own for an answer. If it is not had by then, the writes run
+            # alone, each waiting until its own deadline (the earliest's is over).
+            conn = self._begin(min(writes[index].deadline for index in live))
         except Exception:
-            # Run alone, each write waits for the lock until its own deadline.
             return False
         changes = conn.total_changes if self._write_fault is not None else 0
         done: list[tuple[int, Any, Transaction]] = []
