@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import claims, fairness, memory, pg, pg_throughput, throughput, web
+from bench import claims, enqueue, fairness, memory, pg, pg_throughput, throughput, web
 from bench.common import FULL, QUICK, REPO, Sizes, copy_database, fresh_database, median, run_child
 from bench.loadgen import wrk_available
 
@@ -39,6 +39,10 @@ SQLITE_FIGURES = (
     "latency_remote_p99",
     "http_job_rps",
     "http_job_p99",
+    "http_enqueue_vs_raw",
+    "http_enqueue_p99",
+    "enqueue_many_vs_single",
+    "wal_pages_per_enqueue",
     "freeze_longest_gap",
     "claim_rate_store",
     "claim_rate_statement",
@@ -207,6 +211,64 @@ def measure_http(sizes: Sizes, workdir: Path, generator: str) -> list[dict]:
     rps["met"] = _at_least(rps["ratio"], 0.8)
     p99 = figure("http_job_p99", job["p99_ms"], "ms", trivial["p99_ms"], "ms", what, "report")
     return [rps, p99]
+
+
+def measure_enqueue(sizes: Sizes, workdir: Path, log: Path, generator: str) -> list[dict]:
+    http, raw = enqueue.serve_and_enqueue(
+        workdir,
+        sizes.http_seconds,
+        sizes.http_connections,
+        sizes.repeats,
+        generator,
+        SYNCHRONOUS,
+        log,
+    )
+    rps = figure(
+        "http_enqueue_vs_raw",
+        http["requests_per_s"],
+        "req/s",
+        raw["inserts_per_s"],
+        "rows/s",
+        f"{sizes.http_connections} threads inserting one row per transaction "
+        f"(HTTP load by {http['generator']})",
+        "≥ 0.8x",
+    )
+    rps["met"] = _at_least(rps["ratio"], 0.8)
+    p99 = figure("http_enqueue_p99", http["p99_ms"], "ms", None, "", "", "report", ratio=False)
+    runs = []
+    for repeat in range(sizes.repeats):
+        db, household = fresh_database(workdir, f"many-{repeat}.sqlite3")
+        args = {
+            "db": db,
+            "household": household,
+            "jobs": sizes.many_jobs,
+            "rounds": 1,
+            "synchronous": SYNCHRONOUS,
+            "log": str(log),
+        }
+        runs.append(run_child("enqueue_many", args))
+    n = sizes.many_jobs
+    many = figure(
+        "enqueue_many_vs_single",
+        n / median([r["many_seconds"] for r in runs]),
+        "jobs/s",
+        n / median([r["single_seconds"] for r in runs]),
+        "jobs/s",
+        f"{n:,} single enqueues, one after another",
+        "≥ 10.0x",
+    )
+    many["met"] = _at_least(many["ratio"], 10.0)
+    wal = run_child("enqueue_wal", {"workdir": str(workdir), "jobs": sizes.wal_jobs})
+    pages = figure(
+        "wal_pages_per_enqueue",
+        wal["with_triggers"],
+        "pages",
+        wal["without_triggers"],
+        "pages",
+        "the same enqueues with the triggers on jobs dropped",
+        "report",
+    )
+    return [rps, p99, many, pages]
 
 
 def measure_freeze(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
@@ -442,7 +504,7 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
 def _number(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
-    if unit in ("ms", "MB"):
+    if unit in ("ms", "MB", "pages"):
         return f"{value:.2f} {unit}"
     return f"{value:,.0f} {unit}"
 
@@ -470,6 +532,7 @@ SECTIONS = (
     "processes",
     "latency",
     "http",
+    "enqueue",
     "freeze",
     "claims",
     "fairness",
@@ -518,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 figures += measure_latency(sizes, workdir, log)
             elif section == "http":
                 figures += measure_http(sizes, workdir, generator)
+            elif section == "enqueue":
+                figures += measure_enqueue(sizes, workdir, log, generator)
             elif section == "freeze":
                 figures += measure_freeze(sizes, workdir, log)
             elif section == "claims":

@@ -5,14 +5,15 @@ INFO, as deployed, and huey's) go to the file named by `log`, not a pipe the
 parent would have to drain. The result is one JSON line on stdout.
 
 A peer whose library runs its own asyncio loop (procrastinate's worker) runs
-unpatched, as it is meant to.
+unpatched, as it is meant to; so do the raw concurrent inserts, whose
+threads must be native.
 """
 
 import sys
 
 from gevent import monkey
 
-UNPATCHED = frozenset({"pg_procrastinate"})
+UNPATCHED = frozenset({"pg_procrastinate", "enqueue_raw_concurrent"})
 
 if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
     pass
@@ -23,10 +24,20 @@ import json  # noqa: E402
 
 
 def main() -> None:
-    from bench import claims, fairness, freeze, latency, memory, pg_throughput, throughput
+    from bench import (
+        claims,
+        enqueue,
+        fairness,
+        freeze,
+        latency,
+        memory,
+        pg_throughput,
+        throughput,
+    )
 
     functions = {
         **throughput.CHILDREN,
+        **enqueue.CHILDREN,
         **latency.CHILDREN,
         **freeze.CHILDREN,
         **claims.CHILDREN,

@@ -1,0 +1,263 @@
+"""The enqueue side: concurrent HTTP enqueuers, `enqueue_many`, and what one enqueue writes.
+
+* `serve_and_enqueue`: `POST /api/v1/recipe-imports` through real gunicorn
+  (the project's `gunicorn.conf.py`, 2 gevent workers, each with its job
+  pool) with the kind's handler swapped for a no-op (`bench.app`): the pools
+  drain what is posted, so the queue stays short, as a served deployment's
+  does. Alternated, round by round, with the baseline:
+  the same number of native threads, each with its own connection, inserting
+  one row per transaction (`BEGIN IMMEDIATE`, our INSERT, `COMMIT`) into a
+  migrated file, our pragmas, SQLite's busy handler deciding who writes.
+* `many_child`: 1,000 jobs by one `enqueue_many` against 1,000 `enqueue`
+  calls, one after another, in one process, each from an empty queue (the
+  queue is emptied before each; the household's quota just above 1,000, as a
+  deployment that takes such batches sets it, so that a quota count costs
+  what it would there).
+* `wal_child`: WAL pages (frames) one single-job enqueue appends, with the
+  schema's triggers on `jobs` and with them dropped, counted from the size of
+  the WAL file (automatic checkpoints off).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import REPO, free_port, fresh_database, median, run_child, wait_until
+from bench.loadgen import run_load
+from bench.throughput import INSERT, _stamp
+from bench.web import _seed
+
+# Any http(s) URL with a host passes validation; no handler fetches it (the pool is off).
+IMPORT_BODY = '{"url": "https://example.com/recipe"}'
+_WAL_HEADER_BYTES = 32
+_FRAME_HEADER_BYTES = 24
+
+
+def raw_concurrent_child(args: dict) -> dict:
+    """The baseline: `threads` native threads inserting single rows for `seconds` (unpatched)."""
+    db, household, threads = args["db"], args["household"], args["threads"]
+    deadline = time.perf_counter() + args["seconds"]
+    counts = [0] * threads
+    ready = threading.Barrier(threads + 1)
+
+    def insert(index: int) -> None:
+        conn = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+        conn.execute("PRAGMA busy_timeout = 5000")
+        ready.wait()
+        while time.perf_counter() < deadline:
+            now = _stamp(datetime.now(UTC))
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
+            conn.execute("COMMIT")
+            counts[index] += 1
+        conn.close()
+
+    workers = [threading.Thread(target=insert, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    ready.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    return {"inserts_per_s": sum(counts) / elapsed}
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serve_and_enqueue(
+    workdir: Path,
+    seconds: float,
+    connections: int,
+    repeats: int,
+    generator: str,
+    synchronous: str,
+    log: Path,
+) -> tuple[dict, dict]:
+    """Requests/s of concurrent HTTP enqueues, and inserts/s of as many raw inserting threads."""
+    db, household = fresh_database(workdir, "http-enqueue.sqlite3")
+    token, _ = _seed(db, household)
+    port = free_port()
+    server_log = workdir / "gunicorn-enqueue.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "MEALQUEST_DATABASE": db,
+        "MEALQUEST_DB_SYNCHRONOUS": synchronous,
+        "MEALQUEST_BENCH_NOOP_IMPORTS": "1",
+        "WEB_CONCURRENCY": "2",
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "gunicorn.conf.py",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "bench.wsgi:app",
+        ],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=server_log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    url = f"{base}/api/v1/recipe-imports"
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    http, raw = [], []
+    try:
+        wait_until(
+            lambda: _answers(f"{base}/bench/trivial") or server.poll() is not None,
+            timeout=60,
+            interval=0.1,
+            what="gunicorn answering",
+        )
+        if server.poll() is not None:
+            raise RuntimeError(f"gunicorn exited:\n{server_log.read_text()[-4000:]}")
+        # Warm up (imports, connections, the writer threads) before timing.
+        run_load(url, headers, min(1.0, seconds), connections, generator, body=IMPORT_BODY)
+        for repeat in range(repeats):
+            http.append(run_load(url, headers, seconds, connections, generator, body=IMPORT_BODY))
+            raw_db, raw_household = fresh_database(workdir, f"raw-enqueue-{repeat}.sqlite3")
+            raw.append(
+                run_child(
+                    "enqueue_raw_concurrent",
+                    {
+                        "db": raw_db,
+                        "household": raw_household,
+                        "threads": connections,
+                        "seconds": seconds,
+                        "synchronous": synchronous,
+                        "log": str(log),
+                    },
+                )
+            )
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    for run in http:
+        if run["non_200"]:
+            raise RuntimeError(f"{run['non_200']} enqueue answers were not 2xx")
+    return (
+        {
+            "requests_per_s": median([r["requests_per_s"] for r in http]),
+            "p99_ms": median([r["p99_ms"] for r in http]),
+            "generator": http[0]["generator"],
+        },
+        {"inserts_per_s": median([r["inserts_per_s"] for r in raw])},
+    )
+
+
+def many_child(args: dict) -> dict:
+    """Seconds for `jobs` single enqueues and for one `enqueue_many` of as many, alternated."""
+    from bench.app import create_bench_app
+    from mealquest.extensions import get_jobs, get_store
+    from mealquest.jobs.service import JobRequest
+
+    household, n = args["household"], args["jobs"]
+    app = create_bench_app(
+        {
+            "DATABASE": args["db"],
+            "DB_SYNCHRONOUS": args["synchronous"],
+            "JOB_MAX_PENDING_PER_HOUSEHOLD": n + 1,
+        }
+    )
+    jobs, store = get_jobs(app), get_store(app)
+    requests = [JobRequest("noop", {}, household) for _ in range(n)]
+
+    def empty_queue() -> None:
+        store.write(lambda tx: tx.execute("DELETE FROM jobs"))
+
+    jobs.enqueue("noop", {}, household_id=household)  # warm up: the writer and its connection
+    single, many = [], []
+    for _ in range(args["rounds"]):
+        empty_queue()
+        started = time.perf_counter()
+        for _ in range(n):
+            jobs.enqueue("noop", {}, household_id=household)
+        single.append(time.perf_counter() - started)
+        empty_queue()
+        started = time.perf_counter()
+        jobs.enqueue_many(requests)
+        many.append(time.perf_counter() - started)
+    store.close()
+    return {"single_seconds": median(single), "many_seconds": median(many)}
+
+
+def _wal_frames(path: str) -> int:
+    wal = Path(f"{path}-wal")
+    size = wal.stat().st_size if wal.exists() else 0
+    page_size = sqlite3.connect(path).execute("PRAGMA page_size").fetchone()[0]
+    return max(0, size - _WAL_HEADER_BYTES) // (page_size + _FRAME_HEADER_BYTES)
+
+
+def _frames_per_enqueue(db: str, household: int, n: int, drop_triggers: bool) -> float:
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    if drop_triggers:
+        names = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'jobs'"
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'DROP TRIGGER "{name}"')
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    # Warm: the first insert of a household and kind creates their counting rows.
+    now = _stamp(datetime.now(UTC))
+    conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
+    before = _wal_frames(db)
+    for _ in range(n):
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
+        conn.execute("COMMIT")
+    frames = _wal_frames(db) - before
+    conn.close()
+    return frames / n
+
+
+def wal_child(args: dict) -> dict:
+    """WAL frames per single-row enqueue transaction, with and without the `jobs` triggers."""
+    workdir, n = Path(args["workdir"]), args["jobs"]
+    with_db, with_household = fresh_database(workdir, "wal-triggers.sqlite3")
+    without_db, without_household = fresh_database(workdir, "wal-no-triggers.sqlite3")
+    return {
+        "with_triggers": _frames_per_enqueue(with_db, with_household, n, False),
+        "without_triggers": _frames_per_enqueue(without_db, without_household, n, True),
+    }
+
+
+CHILDREN = {
+    "enqueue_raw_concurrent": raw_concurrent_child,
+    "enqueue_many": many_child,
+    "enqueue_wal": wal_child,
+}
