@@ -18,6 +18,7 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -254,32 +255,6 @@ def _most_of_kind(
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 
 
-def claim(
-    tx: PostgresTransaction,
-    *,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    kinds: Collection[str],
-    now: datetime | None = None,
-    kind_limits: Mapping[str, int] | None = None,
-    kind_caps: Mapping[str, int] | None = None,
-) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds`: by priority (lower
-    first), each priority's households in turn (`_claim_one_priority`)."""
-    return claiming.by_priority(
-        _claim_one_priority,
-        tx,
-        owner=owner,
-        lease_seconds=lease_seconds,
-        limit=limit,
-        kinds=kinds,
-        now=now,
-        kind_limits=kind_limits,
-        kind_caps=kind_caps,
-    )
-
-
 def _claim_one_priority(
     tx: PostgresTransaction,
     *,
@@ -413,6 +388,11 @@ RETURNING {_qualified("jobs")}""",
     ).fetchall()
     # RETURNING gives no order; hand jobs out in the claim's.
     return sorted((_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq))
+
+
+# Up to `limit` due jobs of `kinds`: by priority (lower first), each
+# priority's households in turn (`mealquest.db.claiming`).
+claim = functools.partial(claiming.by_priority, _claim_one_priority)
 
 
 def _qualified(table: str) -> str:

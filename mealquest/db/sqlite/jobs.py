@@ -12,6 +12,7 @@ that cut a job short, or an expired lease) through `interrupt` and
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -201,32 +202,6 @@ def _most_of_kind(
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 
 
-def claim(
-    tx: Transaction,
-    *,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    kinds: Collection[str],
-    now: datetime | None = None,
-    kind_limits: Mapping[str, int] | None = None,
-    kind_caps: Mapping[str, int] | None = None,
-) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds`: by priority (lower
-    first), each priority's households in turn (`_claim_one_priority`)."""
-    return claiming.by_priority(
-        _claim_one_priority,
-        tx,
-        owner=owner,
-        lease_seconds=lease_seconds,
-        limit=limit,
-        kinds=kinds,
-        now=now,
-        kind_limits=kind_limits,
-        kind_caps=kind_caps,
-    )
-
-
 def _claim_one_priority(
     tx: Transaction,
     *,
@@ -348,6 +323,11 @@ RETURNING {_COLUMNS}""",
     return sorted(
         (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
     )
+
+
+# Up to `limit` due jobs of `kinds`: by priority (lower first), each
+# priority's households in turn (`mealquest.db.claiming`).
+claim = functools.partial(claiming.by_priority, _claim_one_priority)
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
