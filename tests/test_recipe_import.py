@@ -354,6 +354,9 @@ def test_failures_have_plain_messages_and_leak_no_secret(
 
     assert job["status"] == "failed"
     assert job["error"] == message
+    # A request the client gave up on (the stalled page) may be counted by
+    # the page server's thread just after the job ended: awaited, not raced.
+    wait_for(lambda: pages.hits[path] >= hits)
     assert pages.hits[path] == hits
     assert attempts(app, job_id) == hits
     listed = client.get("/api/v1/jobs", headers=auth)
