@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
@@ -120,10 +121,20 @@ def screenshot(browser, tmp_path, name):
 
 
 def wait(browser, condition, message):
-    return WebDriverWait(browser, WAIT_SECONDS).until(lambda _: condition(), message)
+    # A page that refreshes itself may replace an element between finding it
+    # and reading it: the condition finds it again at the next poll.
+    return WebDriverWait(
+        browser, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(lambda _: condition(), message)
 
 
 def text_of(browser, element_id):
+    """The element's text, found again if a refresh replaced it meanwhile."""
+    for _ in range(10):
+        try:
+            return browser.find_element(By.ID, element_id).text
+        except StaleElementReferenceException:
+            continue
     return browser.find_element(By.ID, element_id).text
 
 

@@ -90,8 +90,8 @@ def _migrated_template(url: str) -> str:
                     sql.Identifier(building), sql.Identifier(name)
                 )
             )
-        except psycopg.errors.DuplicateDatabase:
-            pass  # another process finished first
+        except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+            pass  # another process finished first (a concurrent rename is the latter)
         finally:
             _drop(admin, building)
     return name
