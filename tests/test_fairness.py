@@ -4,6 +4,7 @@ concurrency caps (in one process, and across processes)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -403,3 +404,81 @@ def test_a_repeat_of_an_idempotent_request_at_the_quota_answers_its_job_not_429(
     assert (first.status_code, again.status_code, other.status_code) == (202, 200, 429)
     assert again.get_json()["id"] == first.get_json()["id"]
     assert household_jobs(get_store(app), household.household_id) == 1
+
+
+class _Explaining:
+    """A transaction that runs each statement under the database's EXPLAIN and
+    keeps the plans (the statement itself runs as well, for its answer)."""
+
+    def __init__(self, tx: Any, store: Any) -> None:
+        self._tx, self._store = tx, store
+        self.plans: list[str] = []
+
+    def execute(self, statement: str, params: Any = ()) -> Any:
+        if self._store.name == "postgresql":
+            explain = "EXPLAIN (ANALYZE, FORMAT JSON) "
+            plan = self._tx.execute(explain + statement, params).fetchone()
+            self.plans.append(json.dumps(next(iter(dict(plan).values()))))
+        else:
+            rows = self._tx.execute("EXPLAIN QUERY PLAN " + statement, params).fetchall()
+            self.plans.append("\n".join(row["detail"] for row in rows))
+        return self._tx.execute(statement, params)
+
+
+def test_the_quota_count_reads_only_pending_jobs_however_many_finished(make_app, household):
+    # A busy household's history must not cost each of its enqueues: the
+    # count reads the pending rows' partial indexes, never its finished rows.
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1_000)
+    jobs, store = get_jobs(app), get_store(app)
+    for _ in range(300):
+        jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'succeeded', attempt = 1, started_at = created_at, "
+        "finished_at = created_at",
+    )
+    # 19,200 finished jobs: enough that PostgreSQL's planner, too, would
+    # rather read an index than the table.
+    for copy in range(6):
+        sql.execute(
+            store,
+            "INSERT INTO jobs (id, household_id, kind, payload, status, attempt, max_attempts, "
+            "run_at, created_at, updated_at, started_at, finished_at) "
+            f"SELECT id || '{copy}', household_id, kind, payload, status, attempt, max_attempts, "
+            "run_at, created_at, updated_at, started_at, finished_at FROM jobs",
+        )
+    for _ in range(3):
+        jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
+    if store.name == "postgresql":
+        sql.execute(store, "ANALYZE jobs")
+
+    def count(tx: Any) -> tuple[int, list[str]]:
+        explaining = _Explaining(tx, store)
+        return store.jobs.count_pending(explaining, household.household_id, 1_001), explaining.plans
+
+    pending, plans = store.write(count)
+
+    assert pending == 3
+    assert _indexes_read(store, plans) == {"jobs_household_queued", "jobs_running"}
+
+
+def _indexes_read(store: Any, plans: list[str]) -> set[str]:
+    """The indexes the plans read `jobs` through; a full scan of it counts as "jobs"."""
+    if store.name != "postgresql":
+        found = set()
+        for line in "\n".join(plans).splitlines():
+            if line.startswith(("SCAN jobs", "SEARCH jobs")):
+                found.add(line.split(" USING INDEX ")[1].split()[0] if "INDEX" in line else "jobs")
+        return found
+    found = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "jobs":
+            found.add(node.get("Index Name", "jobs"))
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for plan in plans:
+        for entry in json.loads(plan):
+            walk(entry["Plan"])
+    return found

@@ -716,10 +716,14 @@ def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> i
         "SELECT pg_advisory_xact_lock(%s, (%s::bigint %% 2147483647)::integer)",
         (_QUOTA_LOCK_CLASS, household_id),
     ).fetchall()
+    # Each status on its own, so that each is read through its partial index
+    # (only pending rows), never through the household's finished jobs.
     row = tx.execute(
-        "SELECT count(*) AS pending FROM (SELECT 1 FROM jobs "
-        "WHERE household_id = %s AND status IN ('queued', 'running') LIMIT %s) AS pending",
-        (household_id, at_most),
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE household_id = %(h)s "
+        "AND status = 'queued' LIMIT %(most)s) AS queued) "
+        "+ (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE household_id = %(h)s "
+        "AND status = 'running' LIMIT %(most)s) AS running) AS pending",
+        {"h": household_id, "most": at_most},
     ).fetchone()
     return int(row["pending"])
 
