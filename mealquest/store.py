@@ -499,6 +499,7 @@ class Store:
     connection. The SQLite driver's store (see `mealquest.db.driver.Store`)."""
 
     name = "sqlite"
+    writes_one_at_a_time = True
 
     def __init__(
         self, path: str, *, synchronous: str = "NORMAL", busy_timeout_seconds: float = 5.0

@@ -13,7 +13,7 @@ from marshmallow import Schema, ValidationError, fields
 
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
+from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, TooManyJobs, UnknownKind
 from mealquest.jobs.maintenance import Rescuer
 from mealquest.jobs.model import Lease, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import KindOptions, Registry
@@ -93,6 +93,77 @@ def test_enqueue_wakes_an_idle_pool_before_the_poll(make_app, household):
     gevent.sleep(0)  # let the dispatcher go idle
     job_id = jobs.enqueue("succeed", {"value": 7}, household_id=household.household_id)
     assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 7}
+
+
+@pytest.mark.sqlite_only  # PostgreSQL's writers run at once: its enqueue only wakes the pool
+def test_an_enqueue_with_a_slot_free_claims_its_job_in_its_own_transaction(
+    make_app, household, gates
+):
+    # Nothing else could start it: the poll and the change check are far away.
+    app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
+    jobs = get_jobs(app)
+    pool = jobs.start_pool()
+    # The producer's first claim (it found nothing) has ended: every slot is free.
+    wait_for(lambda: pool.executor.free_slots() == 2)
+
+    job_id = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
+    )
+
+    # Running here as soon as the enqueue returns: claimed by the enqueue's commit.
+    assert pool.active_jobs() == [job_id]
+    assert jobs.get(job_id).status is Status.RUNNING
+    # One slot stays free and unreserved for the next enqueue.
+    assert pool.executor.free_slots() == 1
+    gates.open("a")
+    assert wait_for(lambda: final(jobs, job_id), timeout=5).status is Status.SUCCEEDED
+
+
+@pytest.mark.sqlite_only
+def test_an_enqueue_refused_at_the_quota_leaves_no_slot_reserved(
+    make_app, household, other_household, gates
+):
+    app = make_app(
+        JOB_WORKERS=1,
+        JOB_POLL_SECONDS=60.0,
+        JOB_CHANGE_CHECK_SECONDS=60.0,
+        JOB_MAX_PENDING_PER_HOUSEHOLD=2,
+    )
+    jobs = get_jobs(app)
+    # Queued before the pool: A's two jobs, then B's one.
+    a1 = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("a1")}, household_id=household.household_id
+    )
+    a2 = jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    wait_for(lambda: gates.arrivals("a1") == 1)
+    # A is at its quota: refused, and the refused enqueue leaves no slot reserved.
+    with pytest.raises(TooManyJobs):
+        jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+    assert not pool.executor.claims_in_flight()
+    gates.open("a1")
+    wait_for(lambda: final(jobs, a1) and final(jobs, a2))
+    # The pool is idle again: the next enqueue claims its job.
+    b = jobs.enqueue("succeed", {"value": 4}, household_id=other_household.household_id)
+    assert wait_for(lambda: final(jobs, b), timeout=5).result == {"value": 4}
+    assert not pool.executor.claims_in_flight()
+
+
+def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
+    make_app, household, gates
+):
+    app = make_app(JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
+    jobs, store = get_jobs(app), get_store(app)
+    pool = jobs.start_pool()
+    gevent.sleep(0)
+
+    def with_own_writes(tx):
+        return jobs.enqueue("succeed", {"value": 5}, household_id=household.household_id, tx=tx)
+
+    job_id = store.write(with_own_writes)
+
+    assert not pool.executor.claims_in_flight()
+    assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 5}
 
 
 def test_partial_results_are_visible_while_running_then_the_final_one(jobs, household):

@@ -24,6 +24,13 @@ class Store(Protocol):
     name: str
     """`sqlite` or `postgresql`: for logs and for tests that only one driver can run."""
 
+    writes_one_at_a_time: bool
+    """Whether the database runs write transactions one after another (SQLite),
+    so that one may also claim jobs (`jobs.claim`) without any lock order to
+    keep: the enqueue of this process's pool then claims in its own
+    transaction. With concurrent writers (PostgreSQL) a claim added to another
+    transaction could deadlock against the completer's, so it claims alone."""
+
     @property
     def jobs(self) -> ModuleType:
         """The job queue's statements: insert, claim, publish, transition (every

@@ -13,6 +13,8 @@ import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from gevent.event import Event
@@ -111,6 +113,22 @@ class Producer:
         if self.stopping.is_set():
             return None
         return NextClaim(self.claim_values(limit, finishing), self.hand_out)
+
+    @contextmanager
+    def claiming_along(self) -> Iterator[NextClaim | None]:
+        """A claim for this process's free slots that another write of this
+        process (an enqueue) makes at the end of its own transaction, so the
+        job it makes is claimed without a second transaction and commit:
+        its slots stay reserved until the jobs are handed out (with
+        `claimed_at`) inside the block. None when no slot is free or the
+        pool is stopping; the write then only wakes the producer."""
+        free = self.executor.free_slots()
+        claim = self.next_claim(free) if free > 0 else None
+        if claim is None:
+            yield None
+            return
+        with self.executor.reserving(free, claim.values["kind_limits"]):
+            yield claim
 
     def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
         if jobs and self.stopping.is_set():

@@ -23,6 +23,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,7 +32,7 @@ from gevent.event import Event
 from gevent.greenlet import Greenlet
 
 from mealquest.jobs import hub_monitor
-from mealquest.jobs.completer import Completer
+from mealquest.jobs.completer import Completer, NextClaim
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
 from mealquest.jobs.executor import STOPPING, Executor, JobContext, Running
 from mealquest.jobs.maintenance import Heartbeat, Rescuer, UnhandledKinds, Watchdog, record_hung
@@ -156,6 +157,10 @@ class Pool:
     def wake(self) -> None:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
         self.producer.wake()
+
+    def claiming_along(self) -> AbstractContextManager[NextClaim | None]:
+        """See `Producer.claiming_along`."""
+        return self.producer.claiming_along()
 
     def cancel(self, job_id: str) -> int:
         """Tell this process's handlers of `job_id` that it was cancelled (the

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +18,7 @@ from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
 from mealquest.households import Household
 from mealquest.jobs import enqueueing, quota, retention
+from mealquest.jobs.completer import NextClaim
 from mealquest.jobs.enqueueing import Enqueued, NewJob
 from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
@@ -178,28 +181,57 @@ class JobService:
     ) -> list[Enqueued]:
         """Insert the jobs in one transaction, then hold each household that
         got a new job to its quota in that same transaction: a repeat that an
-        idempotency key answers makes nothing and so is never refused."""
+        idempotency key answers makes nothing and so is never refused.
 
-        def insert(tx: Transaction) -> list[Enqueued]:
-            done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
-            if within_quota:
-                grown = {
-                    job.household_id
-                    for job, enqueued in zip(jobs, done, strict=True)
-                    if enqueued.created
-                }
-                for household_id in sorted(grown):  # one lock order for every writer
-                    self._check_quota(tx, household_id)
-            if any(enqueued.created for enqueued in done):
-                tx.after_commit(self._wake_pool)
+        When this process's pool has free slots and a job is due now, the same
+        transaction then claims for those slots (where the database writes
+        one transaction at a time: see `Store.writes_one_at_a_time`), so the
+        job starts without a claim of its own: one commit, not two, between
+        the enqueue and the handler. The claim is the pool's usual one, so
+        households still take their turns."""
+        along = self._claiming_along(jobs) if tx is None else nullcontext(None)
+        with along as claim:
+
+            def insert(tx: Transaction) -> tuple[list[Enqueued], list[Job]]:
+                done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
+                if within_quota:
+                    grown = {
+                        job.household_id
+                        for job, enqueued in zip(jobs, done, strict=True)
+                        if enqueued.created
+                    }
+                    for household_id in sorted(grown):  # one lock order for every writer
+                        self._check_quota(tx, household_id)
+                if not any(enqueued.created for enqueued in done):
+                    return done, []
+                if claim is None:
+                    tx.after_commit(self._wake_pool)
+                    return done, []
+                return done, self.store.jobs.claim(tx, **claim.values)
+
+            claimed_at = time.monotonic()
+            try:
+                if tx is None:
+                    done, claimed = self.store.write(insert)
+                else:
+                    done, claimed = insert(tx)
+            except _AtQuota as at_quota:
+                raise TooManyJobs(self.quota_retry_after(at_quota.args[0])) from None
+            if claim is not None:
+                claim.hand_out(claimed, claimed_at)
             return done
 
-        try:
-            if tx is None:
-                return self.store.write(insert)
-            return insert(tx)
-        except _AtQuota as at_quota:
-            raise TooManyJobs(self.quota_retry_after(at_quota.args[0])) from None
+    def _claiming_along(self, jobs: list[NewJob]) -> AbstractContextManager[NextClaim | None]:
+        """The pool's claim for an enqueue of `jobs` to make in its own
+        transaction, or None (no pool here, a database with concurrent
+        writers, or no job due now)."""
+        if (
+            self.pool is None
+            or not self.store.writes_one_at_a_time
+            or not any(job.run_at is None and not job.delay_seconds for job in jobs)
+        ):
+            return nullcontext(None)
+        return self.pool.claiming_along()
 
     def _check_quota(self, tx: Transaction, household_id: int) -> None:
         """Refuse (rolling the transaction back) a household past its quota.

@@ -136,6 +136,7 @@ class PostgresStore:
     # -- the driver's SQL, migrations and description -----------------------------
 
     name = "postgresql"
+    writes_one_at_a_time = False
 
     @cached_property
     def jobs(self) -> ModuleType:
