@@ -392,7 +392,9 @@ RETURNING {_qualified("jobs")}""",
 
 # Up to `limit` due jobs of `kinds`: by priority (lower first), each
 # priority's households in turn (`mealquest.db.claiming`).
-claim = functools.partial(claiming.by_priority, _claim_one_priority)
+claim = functools.partial(
+    claiming.by_priority, _claim_one_priority, lambda tx, kinds: has_due_job(tx, kinds)
+)
 
 
 def _qualified(table: str) -> str:

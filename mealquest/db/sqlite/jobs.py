@@ -327,7 +327,9 @@ RETURNING {_COLUMNS}""",
 
 # Up to `limit` due jobs of `kinds`: by priority (lower first), each
 # priority's households in turn (`mealquest.db.claiming`).
-claim = functools.partial(claiming.by_priority, _claim_one_priority)
+claim = functools.partial(
+    claiming.by_priority, _claim_one_priority, lambda tx, kinds: has_due_job(tx, kinds)
+)
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
