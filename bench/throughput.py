@@ -83,6 +83,60 @@ def raw_child(args: dict) -> dict:
     return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
 
 
+# The physical limit on this machine: a queue table as small as a queue can
+# be (8 columns, one index), one transaction per statement, no framework.
+MINIMAL_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS queue (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, "
+    "payload TEXT NOT NULL, status TEXT NOT NULL, result TEXT, owner TEXT, "
+    "created_at TEXT NOT NULL, updated_at TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS queue_status ON queue (status, created_at)",
+)
+MINIMAL_INSERT = (
+    "INSERT INTO queue (kind, payload, status, created_at, updated_at) "
+    "VALUES ('noop', '{}', 'queued', ?, ?)"
+)
+MINIMAL_CLAIM = (
+    "UPDATE queue SET status = 'running', owner = ?, updated_at = ? WHERE id = "
+    "(SELECT id FROM queue WHERE status = 'queued' ORDER BY created_at LIMIT 1) "
+    "RETURNING id, kind, payload"
+)
+MINIMAL_SUCCEED = (
+    "UPDATE queue SET status = 'succeeded', result = ?, updated_at = ? WHERE id = ? AND owner = ?"
+)
+
+
+def minimal_child(args: dict) -> dict:
+    """The floor: the raw loop on a minimal queue table, our pragmas."""
+    conn = sqlite3.connect(args["db"], isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+    for statement in MINIMAL_SCHEMA:
+        conn.execute(statement)
+    n = args["jobs"]
+    started = time.perf_counter()
+    for _ in range(n):
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(MINIMAL_INSERT, (now, now))
+        conn.execute("COMMIT")
+    enqueued = time.perf_counter()
+    owner = secrets.token_hex(16)
+    while True:
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        row = conn.execute(MINIMAL_CLAIM, (owner, now)).fetchone()
+        conn.execute("COMMIT")
+        if row is None:
+            break
+        now = _stamp(datetime.now(UTC))
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(MINIMAL_SUCCEED, ("{}", now, row[0], owner))
+        conn.execute("COMMIT")
+    drained = time.perf_counter()
+    conn.close()
+    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+
+
 def runner_child(args: dict) -> dict:
     """Our runner: `JobService.enqueue` one job at a time, then one process's pool drains."""
     import gevent
@@ -159,7 +213,12 @@ def huey_child(args: dict) -> dict:
     return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
 
 
-CHILDREN = {"throughput_raw": raw_child, "throughput_runner": runner_child, "huey": huey_child}
+CHILDREN = {
+    "throughput_raw": raw_child,
+    "throughput_runner": runner_child,
+    "huey": huey_child,
+    "throughput_minimal": minimal_child,
+}
 
 
 def worker_process(db: str | None, log: Path, **config: object) -> subprocess.Popen:
