@@ -55,9 +55,13 @@ SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 # A read on the hub thread may hold the hub this long per try before retrying.
 _READ_BUSY_TIMEOUT_MS = 10
 # WAL checkpoints (see `Store._checkpoint_when_idle`): after this many writes,
-# once the writer thread has had nothing to do for this long...
+# once the writer thread has had nothing to do for this long. A checkpoint
+# syncs the WAL and the database file (about 10 ms on a virtual disk), and a
+# write that arrives meanwhile waits for it: after a 2 ms pause, one write in
+# a hundred did (measured: enqueue-to-start p99 16 ms, against 3 ms with no
+# idle checkpoints); a longer pause is seldom cut short...
 _CHECKPOINT_AFTER_WRITES = 100
-_CHECKPOINT_IDLE_SECONDS = 0.002
+_CHECKPOINT_IDLE_SECONDS = 0.05
 # ...and SQLite's own checkpoint, in the COMMIT, only if the WAL reaches this
 # many pages without such a pause (SQLite's default is 1,000).
 _WAL_AUTOCHECKPOINT_PAGES = 4_000
