@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,10 +76,22 @@ def _admin(url: str):
 
 
 def _drop(admin, name: str) -> None:
-    from psycopg import sql
-
+    """Drop the database `name`, cutting its connections (FORCE). A server's
+    background worker (autovacuum) inside it cannot be cut but by a superuser:
+    the drop then waits for it to leave, a few seconds at most."""
     # FORCE: a killed child's connection may linger.
-    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    from psycopg import errors, sql
+
+    statement = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.execute(statement)
+            return
+        except errors.InsufficientPrivilege:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class Databases:

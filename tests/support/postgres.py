@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -64,8 +65,20 @@ def _create(admin: psycopg.Connection, name: str, template: str | None = None) -
 
 
 def _drop(admin: psycopg.Connection, name: str) -> None:
+    """Drop the database `name`, cutting its connections (FORCE). A server's
+    background worker (autovacuum) inside it cannot be cut but by a superuser:
+    the drop then waits for it to leave, a few seconds at most."""
     # FORCE: a test's pool, listener or killed process may still be connected.
-    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    statement = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.execute(statement)
+            return
+        except psycopg.errors.InsufficientPrivilege:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _migrated_template(url: str) -> str:
