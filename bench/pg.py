@@ -78,7 +78,7 @@ def _admin(url: str):
 def _drop(admin, name: str) -> None:
     """Drop the database `name`, cutting its connections (FORCE). A server's
     background worker (autovacuum) inside it cannot be cut but by a superuser:
-    the drop then waits for it to leave, a few seconds at most."""
+    the drop is tried again until it has left (30 s at most)."""
     # FORCE: a killed child's connection may linger.
     from psycopg import errors, sql
 

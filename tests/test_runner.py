@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -95,6 +96,16 @@ def test_enqueue_wakes_an_idle_pool_before_the_poll(make_app, household):
     assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 7}
 
 
+def idle_pool(jobs, household, workers: int):
+    """Start the pool and wait until its producer is idle: it made its first
+    claim (a job it ran proves it) and no claim is in flight."""
+    pool = jobs.start_pool()
+    warm_up = jobs.enqueue("succeed", {"value": 0}, household_id=household.household_id)
+    wait_for(lambda: final(jobs, warm_up))
+    wait_for(lambda: pool.executor.free_slots() == workers and not pool.executor.claims_in_flight())
+    return pool
+
+
 @pytest.mark.sqlite_only  # PostgreSQL's writers run at once: its enqueue only wakes the pool
 def test_an_enqueue_with_a_slot_free_claims_its_job_in_its_own_transaction(
     make_app, household, gates
@@ -102,9 +113,7 @@ def test_an_enqueue_with_a_slot_free_claims_its_job_in_its_own_transaction(
     # Nothing else could start it: the poll and the change check are far away.
     app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
     jobs = get_jobs(app)
-    pool = jobs.start_pool()
-    # The producer's first claim (it found nothing) has ended: every slot is free.
-    wait_for(lambda: pool.executor.free_slots() == 2)
+    pool = idle_pool(jobs, household, 2)
 
     job_id = jobs.enqueue(
         "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
@@ -120,32 +129,70 @@ def test_an_enqueue_with_a_slot_free_claims_its_job_in_its_own_transaction(
 
 
 @pytest.mark.sqlite_only
-def test_an_enqueue_refused_at_the_quota_leaves_no_slot_reserved(
-    make_app, household, other_household, gates
-):
+def test_an_enqueue_refused_at_the_quota_leaves_no_slot_reserved(make_app, household, gates):
     app = make_app(
-        JOB_WORKERS=1,
+        JOB_WORKERS=2,
         JOB_POLL_SECONDS=60.0,
         JOB_CHANGE_CHECK_SECONDS=60.0,
-        JOB_MAX_PENDING_PER_HOUSEHOLD=2,
+        JOB_MAX_PENDING_PER_HOUSEHOLD=1,
     )
     jobs = get_jobs(app)
-    # Queued before the pool: A's two jobs, then B's one.
-    a1 = jobs.enqueue(
-        "wait_for_gate", {"url": gates.url("a1")}, household_id=household.household_id
+    pool = idle_pool(jobs, household, 2)
+    running = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
     )
-    a2 = jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
-    pool = jobs.start_pool()
-    wait_for(lambda: gates.arrivals("a1") == 1)
-    # A is at its quota: refused, and the refused enqueue leaves no slot reserved.
+    wait_for(lambda: gates.arrivals("a") == 1)
+    assert pool.executor.free_slots() == 1
+
+    # The refused enqueue reserved the free slot for its claim, then rolled back.
     with pytest.raises(TooManyJobs):
         jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
+
     assert not pool.executor.claims_in_flight()
-    gates.open("a1")
-    wait_for(lambda: final(jobs, a1) and final(jobs, a2))
+    assert pool.executor.free_slots() == 1
+    gates.open("a")
+    wait_for(lambda: final(jobs, running))
     # The pool is idle again: the next enqueue claims its job.
-    b = jobs.enqueue("succeed", {"value": 4}, household_id=other_household.household_id)
-    assert wait_for(lambda: final(jobs, b), timeout=5).result == {"value": 4}
+    after = jobs.enqueue("succeed", {"value": 4}, household_id=household.household_id)
+    assert wait_for(lambda: final(jobs, after), timeout=5).result == {"value": 4}
+
+
+@pytest.mark.sqlite_only
+def test_a_claim_made_for_an_enqueue_whose_caller_was_killed_is_put_back(make_app, household):
+    # The caller is killed while its write waits for the writer: the write
+    # still commits the job and the claim made for it, which nobody will run
+    # here; the jobs go back to the queue at once, not at the lease's end
+    # (which would fail them: interrupted).
+    app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
+    jobs, store = get_jobs(app), get_store(app)
+    pool = idle_pool(jobs, household, 2)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_the_writer(tx):
+        entered.set()
+        release.wait(30)  # a native wait, in the writer thread
+
+    holder = gevent.spawn(store.write, hold_the_writer)
+    wait_for(entered.is_set)
+    enqueuer = gevent.spawn(
+        jobs.enqueue, "succeed", {"value": 9}, household_id=household.household_id
+    )
+    wait_for(pool.executor.claims_in_flight)
+
+    enqueuer.kill()
+    release.set()
+    holder.get(timeout=10)
+
+    # The killed caller's write runs after the held one.
+    [job_id] = wait_for(
+        lambda: [
+            row["id"]
+            for row in sql.rows(store, "SELECT id FROM jobs WHERE payload = ?", ('{"value":9}',))
+        ]
+    )
+    job = wait_for(lambda: final(jobs, job_id), timeout=10)
+    assert job.status is Status.SUCCEEDED
+    assert job.attempt == 1  # the lost claim's attempt was refunded
     assert not pool.executor.claims_in_flight()
 
 

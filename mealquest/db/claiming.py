@@ -5,8 +5,10 @@ the due jobs it may take, households in turn (so fairness only ever
 weighs jobs of the same priority). A batch that priority could not fill is
 filled from the next one by the same statement again, in the same
 transaction: the jobs just claimed are no longer queued, so it finds the
-next priority. The loop ends when the batch is full or a statement takes
-nothing, so it runs once per priority present at most.
+next priority. The loop ends when the batch is full, when a statement takes
+nothing, or when no due job of a kind with room is left queued (one index
+probe, where the statement costs far more), so it runs once per priority
+present at most.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ def by_priority(
     order `claim_one_priority` gives them. `kind_limits` (how many of a kind
     this claim may take) is spent across the statements.
 
-    A statement that left room runs again only if `any_due(tx, kinds)` finds
-    a due job still queued (one index probe): the claim statement is far
-    dearer, and most claims that leave room have taken every due job."""
+    A statement that left room runs again only if `any_due(tx, kinds)`,
+    asked about the kinds with room left, finds a due job still queued: the
+    claim statement is far dearer, and most claims that leave room have
+    taken every due job."""
     claimed: list[Job] = []
     room = dict(kind_limits or {})
     while len(claimed) < limit:

@@ -250,7 +250,8 @@ class Executor:
         self.running: dict[Lease, Running] = {}
         self.slot_freed = Event()
         self._slots = gevent.pool.Pool(settings.workers)
-        # Slots a claim in flight (the producer's or the completer's) may fill,
+        # Slots a claim in flight (the producer's, the completer's, or one made
+        # along an enqueue) may fill,
         # and of those, how many it may fill with each capped kind.
         self._reserved = 0
         self._reserved_kinds: Counter[str] = Counter()

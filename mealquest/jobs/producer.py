@@ -1,8 +1,10 @@
 """The producer: claims due jobs for the executor's free slots.
 
 It claims as many due jobs of the registered kinds as there are free slots,
-in one `UPDATE ... RETURNING` statement. Idle, it wakes on an enqueue in this
-process, on a commit by another process (`PRAGMA data_version`, checked
+in one `UPDATE ... RETURNING` statement. An enqueue in this process claims
+for the free slots itself where it can (`claiming_along`). Idle, the
+producer wakes on an enqueue in this process that did not, on a commit by
+another process (`PRAGMA data_version`, checked
 every few milliseconds, then a cheap look for a due job), on a slot freed
 after a full claim, or on the poll interval, which is the guarantee.
 """
@@ -15,8 +17,10 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import gevent
 from gevent.event import Event
 
 from mealquest.jobs.completer import NextClaim
@@ -27,6 +31,41 @@ from mealquest.jobs.settings import PoolSettings
 from mealquest.store import Store, StoreUnavailable
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimAlong:
+    """A claim made inside another write's transaction (`Producer.claiming_along`)."""
+
+    producer: Producer
+    claim: NextClaim
+    limit: int
+
+    def run(self, tx: Any) -> list[Job] | None:
+        """Claim in the open transaction `tx`, in a savepoint of its own: a
+        claim that fails is rolled back alone and logged, and None says the
+        producer is to claim instead (the write it rides on is not failed by
+        a fault of the pool's)."""
+        tx.execute("SAVEPOINT claim_along")
+        try:
+            jobs = self.producer.store.jobs.claim(tx, **self.claim.values)
+        except Exception as error:
+            # Should this fail too, the whole write fails, as it would have alone.
+            tx.execute("ROLLBACK TO SAVEPOINT claim_along")
+            tx.execute("RELEASE SAVEPOINT claim_along")
+            logger.error("claiming along an enqueue failed (%s)", type(error).__name__)
+            return None
+        tx.execute("RELEASE SAVEPOINT claim_along")
+        return jobs
+
+    def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
+        self.claim.hand_out(jobs, claimed_at)
+
+    def lost(self) -> None:
+        """The write ended without its answer reaching its caller (which gave
+        up, or was killed): it may still have committed this claim, whose
+        jobs then run nowhere. A write queued after it puts them back."""
+        gevent.spawn(self.producer.put_back, self.claim.values["owner"])
 
 
 class Producer:
@@ -115,7 +154,7 @@ class Producer:
         return NextClaim(self.claim_values(limit, finishing), self.hand_out)
 
     @contextmanager
-    def claiming_along(self) -> Iterator[NextClaim | None]:
+    def claiming_along(self) -> Iterator[ClaimAlong | None]:
         """A claim for this process's free slots that another write of this
         process (an enqueue) makes at the end of its own transaction, so the
         job it makes is claimed without a second transaction and commit:
@@ -128,12 +167,29 @@ class Producer:
             yield None
             return
         with self.executor.reserving(free, claim.values["kind_limits"]):
-            yield claim
+            yield ClaimAlong(self, claim, free)
+
+    def put_back(self, owner: str) -> None:
+        """Queue again, as if never claimed, the jobs a claim (by its fencing
+        `owner`) left running with nobody to run them (see `ClaimAlong.lost`)."""
+
+        def put_back(tx: Any) -> int:
+            leases = self.store.jobs.leases_of(tx, owner)
+            for lease in leases:
+                self.store.jobs.transition(tx, lease, to=Status.QUEUED, attempt=Attempt.REFUND)
+            return len(leases)
+
+        try:
+            if self.store.write(put_back):
+                logger.warning("jobs claimed for an enqueue that gave up were put back")
+                self.wake()
+        except Exception:
+            logger.exception("could not put back jobs claimed for an enqueue; leases will expire")
 
     def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
         if jobs and self.stopping.is_set():
             # Claimed by a write in flight when the stop began (the
-            # completer's): the stop may already have counted what it waits
+            # completer's, or an enqueue's): the stop may already have counted what it waits
             # for, so these never start; they go back to the queue as they were.
             self._unclaim(jobs)
             return

@@ -32,13 +32,13 @@ from gevent.event import Event
 from gevent.greenlet import Greenlet
 
 from mealquest.jobs import hub_monitor
-from mealquest.jobs.completer import Completer, NextClaim
+from mealquest.jobs.completer import Completer
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
 from mealquest.jobs.executor import STOPPING, Executor, JobContext, Running
 from mealquest.jobs.maintenance import Heartbeat, Rescuer, UnhandledKinds, Watchdog, record_hung
 from mealquest.jobs.model import MESSAGE_INTERRUPTED, Recovered, Status
 from mealquest.jobs.periodic import Enqueue, Scheduler, run_forever
-from mealquest.jobs.producer import Producer
+from mealquest.jobs.producer import ClaimAlong, Producer
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.settings import PoolSettings
 from mealquest.metrics import runs as job_metrics
@@ -158,7 +158,7 @@ class Pool:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
         self.producer.wake()
 
-    def claiming_along(self) -> AbstractContextManager[NextClaim | None]:
+    def claiming_along(self) -> AbstractContextManager[ClaimAlong | None]:
         """See `Producer.claiming_along`."""
         return self.producer.claiming_along()
 

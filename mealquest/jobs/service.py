@@ -18,13 +18,13 @@ from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
 from mealquest.households import Household
 from mealquest.jobs import enqueueing, quota, retention
-from mealquest.jobs.completer import NextClaim
 from mealquest.jobs.enqueueing import Enqueued, NewJob
 from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
+from mealquest.jobs.producer import ClaimAlong
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner import Pool, PoolSettings
-from mealquest.store import Store, Transaction
+from mealquest.store import Store, StoreWriterUnresponsive, Transaction
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class JobService:
         along = self._claiming_along(jobs) if tx is None else nullcontext(None)
         with along as claim:
 
-            def insert(tx: Transaction) -> tuple[list[Enqueued], list[Job]]:
+            def insert(tx: Transaction) -> tuple[list[Enqueued], list[Job] | None]:
                 done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
                 if within_quota:
                     grown = {
@@ -203,11 +203,13 @@ class JobService:
                     for household_id in sorted(grown):  # one lock order for every writer
                         self._check_quota(tx, household_id)
                 if not any(enqueued.created for enqueued in done):
-                    return done, []
-                if claim is None:
+                    return done, None
+                claimed = claim.run(tx) if claim is not None else None
+                if claimed is None or (claim is not None and len(claimed) == claim.limit):
+                    # Nobody claimed, or more may be due than there was room
+                    # for: the producer looks (after the commit).
                     tx.after_commit(self._wake_pool)
-                    return done, []
-                return done, self.store.jobs.claim(tx, **claim.values)
+                return done, claimed
 
             claimed_at = time.monotonic()
             try:
@@ -215,13 +217,22 @@ class JobService:
                     done, claimed = self.store.write(insert)
                 else:
                     done, claimed = insert(tx)
-            except _AtQuota as at_quota:
-                raise TooManyJobs(self.quota_retry_after(at_quota.args[0])) from None
-            if claim is not None:
+            except BaseException as error:
+                # Only these leave the write's outcome unknown: it may still
+                # commit the claim after its caller is gone. Every other
+                # error says the write committed nothing.
+                if claim is not None and (
+                    isinstance(error, StoreWriterUnresponsive) or not isinstance(error, Exception)
+                ):
+                    claim.lost()
+                if isinstance(error, _AtQuota):
+                    raise TooManyJobs(self.quota_retry_after(error.args[0])) from None
+                raise
+            if claim is not None and claimed:
                 claim.hand_out(claimed, claimed_at)
             return done
 
-    def _claiming_along(self, jobs: list[NewJob]) -> AbstractContextManager[NextClaim | None]:
+    def _claiming_along(self, jobs: list[NewJob]) -> AbstractContextManager[ClaimAlong | None]:
         """The pool's claim for an enqueue of `jobs` to make in its own
         transaction, or None (no pool here, a database with concurrent
         writers, or no job due now)."""

@@ -67,7 +67,7 @@ def _create(admin: psycopg.Connection, name: str, template: str | None = None) -
 def _drop(admin: psycopg.Connection, name: str) -> None:
     """Drop the database `name`, cutting its connections (FORCE). A server's
     background worker (autovacuum) inside it cannot be cut but by a superuser:
-    the drop then waits for it to leave, a few seconds at most."""
+    the drop is tried again until it has left (30 s at most)."""
     # FORCE: a test's pool, listener or killed process may still be connected.
     statement = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     deadline = time.monotonic() + 30

@@ -567,6 +567,15 @@ def renew_leases(
     return {(row["id"], row["attempt"]) for row in rows}
 
 
+def leases_of(tx: PostgresTransaction, owner: str) -> list[Lease]:
+    """The leases of the running jobs one claim (by its fencing `owner`) holds."""
+    rows = tx.execute(
+        "SELECT id, lease_owner, attempt FROM jobs WHERE status = 'running' AND lease_owner = %s",
+        (owner,),
+    ).fetchall()
+    return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
+
+
 def has_due_job(conn: Executes, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
@@ -709,7 +718,7 @@ _QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
 
 def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> int:
     """The household's queued and running jobs (its quota's use), counted up to
-    `at_most` (the quota: the cost stays bounded by it) under a
+    `at_most` of each (the quota: the cost stays bounded by it) under a
     transaction advisory lock on the household: concurrent enqueues of one
     household wait for each other's commit, so the count stays true until
     this transaction commits. Read in a statement after the lock, so it sees

@@ -451,6 +451,15 @@ def renew_leases(
     return renewed
 
 
+def leases_of(tx: Transaction, owner: str) -> list[Lease]:
+    """The leases of the running jobs one claim (by its fencing `owner`) holds."""
+    rows = tx.execute(
+        "SELECT id, lease_owner, attempt FROM jobs WHERE status = 'running' AND lease_owner = ?",
+        (owner,),
+    ).fetchall()
+    return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
+
+
 def has_due_job(conn: sqlite3.Connection, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
