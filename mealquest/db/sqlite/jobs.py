@@ -606,16 +606,15 @@ def list_jobs(
 
 
 def count_pending(tx: Transaction, household_id: int, at_most: int) -> int:
-    """The household's queued and running jobs (its quota's use), counted up to
-    `at_most` of each (the quota: the cost stays bounded by it, whatever the
-    household's history), inside the write transaction that may add one:
-    SQLite writes one transaction at a time, so the count stays true until
-    it commits. Each status through its partial index, which holds only
-    the pending rows; the household's index would walk its finished jobs too."""
+    """The household's queued and running jobs (its quota's use), inside the
+    write transaction that may add one: SQLite writes one transaction at a
+    time, so the count stays true until it commits. Queued ones are counted
+    on the household's queue row (kept by the queue triggers in the same
+    transaction: one probe, however many wait); running ones through their
+    partial index, up to `at_most` (the quota)."""
     row = tx.execute(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_household_queued "
-        "WHERE household_id = :household AND status = 'queued' LIMIT :most)) "
-        "+ (SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_running "
+        "SELECT coalesce((SELECT queued FROM household_queues WHERE household_id = :household), 0)"
+        " + (SELECT count(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_running "
         "WHERE household_id = :household AND status = 'running' LIMIT :most)) AS pending",
         {"household": household_id, "most": at_most},
     ).fetchone()
