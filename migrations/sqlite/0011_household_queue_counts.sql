@@ -29,16 +29,14 @@ BEGIN
         (SELECT max(started_at) FROM jobs WHERE household_id = NEW.household_id AND status = 'running'),
         NEW.run_at,
         NEW.seq,
-        1
+        0
     )
     ON CONFLICT (household_id) DO UPDATE
-    SET queued = queued + 1,
-        (head_run_at, head_seq) = (
-            SELECT CASE WHEN (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq)
-                        THEN excluded.head_run_at ELSE head_run_at END,
-                   CASE WHEN (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq)
-                        THEN excluded.head_seq ELSE head_seq END
-        );
+    SET head_run_at = excluded.head_run_at, head_seq = excluded.head_seq
+    WHERE (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq);
+    -- Apart: setting the head's columns rewrites their index entry even
+    -- when they keep their values, a page of WAL per enqueue.
+    UPDATE household_queues SET queued = queued + 1 WHERE household_id = NEW.household_id;
 END;
 
 CREATE TRIGGER jobs_queue_enter AFTER UPDATE OF status ON jobs
@@ -50,16 +48,14 @@ BEGIN
         (SELECT max(started_at) FROM jobs WHERE household_id = NEW.household_id AND status = 'running'),
         NEW.run_at,
         NEW.seq,
-        1
+        0
     )
     ON CONFLICT (household_id) DO UPDATE
-    SET queued = queued + 1,
-        (head_run_at, head_seq) = (
-            SELECT CASE WHEN (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq)
-                        THEN excluded.head_run_at ELSE head_run_at END,
-                   CASE WHEN (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq)
-                        THEN excluded.head_seq ELSE head_seq END
-        );
+    SET head_run_at = excluded.head_run_at, head_seq = excluded.head_seq
+    WHERE (excluded.head_run_at, excluded.head_seq) < (head_run_at, head_seq);
+    -- Apart: setting the head's columns rewrites their index entry even
+    -- when they keep their values, a page of WAL per enqueue.
+    UPDATE household_queues SET queued = queued + 1 WHERE household_id = NEW.household_id;
 END;
 
 -- A queued job leaves the queue (claimed, cancelled) or moves in it: counted
