@@ -201,8 +201,7 @@ def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
 ):
     app = make_app(JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
     jobs, store = get_jobs(app), get_store(app)
-    pool = jobs.start_pool()
-    gevent.sleep(0)
+    pool = idle_pool(jobs, household, 4)
 
     def with_own_writes(tx):
         return jobs.enqueue("succeed", {"value": 5}, household_id=household.household_id, tx=tx)

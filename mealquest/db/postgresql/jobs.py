@@ -567,15 +567,6 @@ def renew_leases(
     return {(row["id"], row["attempt"]) for row in rows}
 
 
-def leases_of(tx: PostgresTransaction, owner: str) -> list[Lease]:
-    """The leases of the running jobs one claim (by its fencing `owner`) holds."""
-    rows = tx.execute(
-        "SELECT id, lease_owner, attempt FROM jobs WHERE status = 'running' AND lease_owner = %s",
-        (owner,),
-    ).fetchall()
-    return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
-
-
 def has_due_job(conn: Executes, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
