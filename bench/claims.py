@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bench.common import fresh_database
+from bench.common import fresh_database, store_pragmas
 from bench.throughput import CLAIM, INSERT, _stamp
 
 _FINISHED = "2024-01-01T00:00:00.000000Z"
@@ -69,8 +69,7 @@ def claim_rate_child(args: dict) -> dict:
     store.close()
 
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+    store_pragmas(conn, args["synchronous"])
     started = time.perf_counter()
     for _ in range(n):
         moment = datetime.now(UTC)

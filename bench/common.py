@@ -21,6 +21,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def store_pragmas(conn: sqlite3.Connection, synchronous: str) -> None:
+    """The pragmas `mealquest.store.connect` sets, for the baselines that run
+    statements on a plain connection: a baseline without one of them would
+    measure the pragma, not the code."""
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA temp_store = MEMORY")
+
+
 @dataclass(frozen=True)
 class Sizes:
     """How big each measurement is; `quick` keeps the whole suite to seconds."""

@@ -32,7 +32,15 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import REPO, free_port, fresh_database, median, run_child, wait_until
+from bench.common import (
+    REPO,
+    free_port,
+    fresh_database,
+    median,
+    run_child,
+    store_pragmas,
+    wait_until,
+)
 from bench.loadgen import run_load
 from bench.throughput import INSERT, _stamp
 from bench.web import _seed
@@ -52,8 +60,7 @@ def raw_concurrent_child(args: dict) -> dict:
 
     def insert(index: int) -> None:
         conn = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+        store_pragmas(conn, args["synchronous"])
         conn.execute("PRAGMA busy_timeout = 5000")
         ready.wait()
         while time.perf_counter() < deadline:

@@ -18,7 +18,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bench.common import REPO, fresh_database, wait_until
+from bench.common import REPO, fresh_database, store_pragmas, wait_until
 
 # The store's statements, copied from mealquest/jobs/queries.py (claim with LIMIT 1).
 INSERT = (
@@ -53,8 +53,7 @@ def _stamp(moment: datetime) -> str:
 def raw_child(args: dict) -> dict:
     """The baseline: plain sqlite3, our pragmas, one transaction per enqueue, claim, completion."""
     conn = sqlite3.connect(args["db"], isolation_level=None)
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+    store_pragmas(conn, args["synchronous"])
     conn.execute("PRAGMA busy_timeout = 5000")
     household, n = args["household"], args["jobs"]
     started = time.perf_counter()
@@ -109,7 +108,7 @@ def minimal_child(args: dict) -> dict:
     """The floor: the raw loop on a minimal queue table, our pragmas."""
     conn = sqlite3.connect(args["db"], isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute(f"PRAGMA synchronous = {args['synchronous']}")
+    store_pragmas(conn, args["synchronous"])
     for statement in MINIMAL_SCHEMA:
         conn.execute(statement)
     n = args["jobs"]

@@ -162,7 +162,8 @@ def _code_of(sql: str) -> str:
 
 
 def _open(path: str) -> sqlite3.Connection:
-    return connect(path, synchronous="FULL", busy_timeout_ms=30_000)
+    # A migration may sort a whole table (CREATE INDEX): that spills to a file.
+    return connect(path, synchronous="FULL", busy_timeout_ms=30_000, temp_in_memory=False)
 
 
 def _applied(conn: sqlite3.Connection) -> dict[int, sqlite3.Row]:

@@ -232,11 +232,23 @@ class _FaultLog:
         self.refused = 0
 
 
-def connect(path: str, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
+def connect(
+    path: str, *, synchronous: str, busy_timeout_ms: int, temp_in_memory: bool = True
+) -> sqlite3.Connection:
     """Open a connection with the project's pragmas and explicit transactions.
 
     The busy timeout is set at open (sqlite3's own default is 5 s): setting the
     pragmas may already read the file, and must not wait longer than asked.
+
+    `temp_in_memory` keeps the temporary tables a statement builds (its
+    sorts, materialized subqueries, RETURNING rows) in memory. In a temporary
+    file (SQLite's default), each such table set up
+    its page cache afresh, and the heap grew and shrank around it: the fair
+    claim statement made seven `brk` calls and cost about 1 ms, against
+    0.2 ms in memory. Every statement of the running service is bounded (a
+    LIMIT, an index order, or the counts tables), so its temporary tables
+    stay small. A migration's CREATE INDEX sorts a whole table, so
+    migrations pass False: that sort spills to a file instead of memory.
     """
     if synchronous.upper() not in SYNCHRONOUS_MODES:
         raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
@@ -251,6 +263,7 @@ def connect(path: str, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Con
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        conn.execute(f"PRAGMA temp_store = {'MEMORY' if temp_in_memory else 'DEFAULT'}")
     except BaseException:
         conn.close()
         raise
