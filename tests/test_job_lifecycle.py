@@ -489,6 +489,49 @@ def test_enqueue_many_is_one_transaction_all_or_nothing(jobs, store, household):
     wait_for(lambda: all(final(jobs, result.job_id) for result in done))
 
 
+def test_enqueue_many_stores_each_job_as_asked_in_the_requests_order(jobs, store, household):
+    # Runs of jobs without a key go in one statement; those with a key one
+    # by one: the rows still come in the requests' order, each as asked.
+    mine = household.household_id
+    now = utc_now()
+    requests = [
+        JobRequest("succeed", {"value": 1}, mine),
+        JobRequest("succeed", {"value": 2}, mine, priority=5, run_at=now + timedelta(hours=2)),
+        JobRequest("succeed", {"value": 3}, mine, unique_key="three"),
+        JobRequest("succeed", {"value": 4}, mine, delay=3600),
+        JobRequest("succeed", {"value": 5}, mine, priority=-3),
+        JobRequest("succeed", {"value": 6}, mine, unique_key="six"),
+    ]
+
+    done = jobs.enqueue_many(requests)
+
+    rows = sql.rows(store, "SELECT id, payload FROM jobs ORDER BY seq")
+    assert [row["id"] for row in rows] == [result.job_id for result in done]
+    assert [json.loads(row["payload"])["value"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    stored = [jobs.get(result.job_id) for result in done]
+    assert [job.priority for job in stored] == [0, 5, 0, 0, -3, 0]
+    assert [job.unique_key for job in stored] == [None, None, "three", None, None, "six"]
+    assert stored[1].run_at == to_text(now + timedelta(hours=2))
+    assert stored[3].run_at >= to_text(now + timedelta(seconds=3590))
+    assert stored[0].run_at <= to_text(utc_now())
+    assert all(job.status == Status.QUEUED for job in stored)
+
+
+def test_the_bulk_insert_refuses_a_job_with_a_key_and_stores_nothing(jobs, store, household):
+    # A key's holder may answer instead of a new row: only `insert_job` says so.
+    job = enqueueing.prepare(
+        jobs.registry, "succeed", {"value": 1}, household_id=household.household_id
+    )
+    arguments = enqueueing.insert_arguments(job)
+    plain = dict(arguments, job_id="a" * 32)
+    with pytest.raises(ValueError, match="idempotency key"):
+        store.write(
+            store.jobs.insert_jobs,
+            [plain, dict(arguments, unique_key="k", unique_digest="0" * 64)],
+        )
+    assert count_jobs(store) == 0
+
+
 # -- enqueue from a handler ------------------------------------------------------------------
 
 

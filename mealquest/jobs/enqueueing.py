@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import ModuleType
@@ -129,18 +129,9 @@ def prepare(
     )
 
 
-def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "raise") -> Enqueued:
-    """Insert a prepared job in the open transaction `tx` through `jobs`, the
-    driver's job statements.
-
-    With an idempotency key: a key whose window is over is taken from its old
-    job first; then the insert does nothing if the household's key is still
-    held (the unique index decides, also against a concurrent insert). The
-    holder is then the answer if it was made by the same request; if not,
-    IdempotencyKeyReused (`on_reused_key="raise"`), or the holder all the same
-    (`"keep"`).
-    """
-    values = {
+def insert_arguments(job: NewJob) -> dict[str, Any]:
+    """The driver's `insert_job` arguments for `job`."""
+    return {
         "job_id": job.job_id,
         "household_id": job.household_id,
         "kind": job.kind,
@@ -153,6 +144,45 @@ def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "rais
         "unique_key": job.unique_key,
         "unique_digest": job.unique_digest,
     }
+
+
+def insert_all(tx: Any, jobs: ModuleType, new_jobs: Sequence[NewJob]) -> list[Enqueued]:
+    """Insert prepared jobs in their order, as `insert` does each: the jobs
+    without an idempotency key that come one after another go in one
+    `insert_jobs` call, since nothing about them can answer otherwise than
+    "created"."""
+    done: list[Enqueued] = []
+    keyless: list[NewJob] = []
+
+    def insert_keyless() -> None:
+        jobs.insert_jobs(tx, [insert_arguments(job) for job in keyless])
+        done.extend(Enqueued(job.job_id) for job in keyless)
+        keyless.clear()
+
+    for job in new_jobs:
+        if job.unique_key is None:
+            keyless.append(job)
+            continue
+        if keyless:
+            insert_keyless()
+        done.append(insert(tx, jobs, job))
+    if keyless:
+        insert_keyless()
+    return done
+
+
+def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "raise") -> Enqueued:
+    """Insert a prepared job in the open transaction `tx` through `jobs`, the
+    driver's job statements.
+
+    With an idempotency key: a key whose window is over is taken from its old
+    job first; then the insert does nothing if the household's key is still
+    held (the unique index decides, also against a concurrent insert). The
+    holder is then the answer if it was made by the same request; if not,
+    IdempotencyKeyReused (`on_reused_key="raise"`), or the holder all the same
+    (`"keep"`).
+    """
+    values = insert_arguments(job)
     if job.unique_key is None:
         jobs.insert_job(tx, **values)
         return Enqueued(job.job_id)

@@ -193,7 +193,7 @@ class JobService:
         with along as claim:
 
             def insert(tx: Transaction) -> tuple[list[Enqueued], list[Job] | None]:
-                done = [enqueueing.insert(tx, self.store.jobs, job) for job in jobs]
+                done = enqueueing.insert_all(tx, self.store.jobs, jobs)
                 if within_quota:
                     grown = {
                         job.household_id

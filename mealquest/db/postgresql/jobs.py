@@ -96,6 +96,46 @@ def _fence(lease: Lease) -> dict[str, Any]:
     return {"job_id": lease.job_id, "owner": lease.owner, "attempt": lease.attempt}
 
 
+_INSERT = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+    "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
+    "VALUES (%(id)s, %(household_id)s, %(kind)s, %(payload)s, 'queued', %(max_attempts)s, "
+    "%(on_interrupt)s, %(priority)s, %(unique_key)s, %(unique_digest)s, "
+    "coalesce(%(run_at)s::timestamptz, "
+    "now() + make_interval(secs => coalesce(%(delay)s::double precision, 0))), now(), now()) "
+    "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING"
+)
+
+
+def _insert_params(
+    *,
+    job_id: str,
+    household_id: int,
+    kind: str,
+    payload: str,
+    max_attempts: int,
+    on_interrupt: OnInterrupt,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay_seconds: float | None = None,
+    unique_key: str | None = None,
+    unique_digest: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "household_id": household_id,
+        "kind": kind,
+        "payload": payload,
+        "max_attempts": max_attempts,
+        "on_interrupt": str(on_interrupt),
+        "priority": priority,
+        "unique_key": unique_key,
+        "unique_digest": unique_digest,
+        "run_at": run_at,
+        "delay": None if delay_seconds is None else float(delay_seconds),
+    }
+
+
 def insert_job(
     tx: PostgresTransaction,
     *,
@@ -119,32 +159,35 @@ def insert_job(
     of the same key waits for the other transaction, then inserts nothing).
     True when the job was inserted.
     """
-    cursor = tx.execute(
-        "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-        "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
-        "VALUES (%(id)s, %(household_id)s, %(kind)s, %(payload)s, 'queued', %(max_attempts)s, "
-        "%(on_interrupt)s, %(priority)s, %(unique_key)s, %(unique_digest)s, "
-        "coalesce(%(run_at)s::timestamptz, "
-        "now() + make_interval(secs => coalesce(%(delay)s::double precision, 0))), now(), now()) "
-        "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING",
-        {
-            "id": job_id,
-            "household_id": household_id,
-            "kind": kind,
-            "payload": payload,
-            "max_attempts": max_attempts,
-            "on_interrupt": str(on_interrupt),
-            "priority": priority,
-            "unique_key": unique_key,
-            "unique_digest": unique_digest,
-            "run_at": run_at,
-            "delay": None if delay_seconds is None else float(delay_seconds),
-        },
+    params = _insert_params(
+        job_id=job_id,
+        household_id=household_id,
+        kind=kind,
+        payload=payload,
+        max_attempts=max_attempts,
+        on_interrupt=on_interrupt,
+        priority=priority,
+        run_at=run_at,
+        delay_seconds=delay_seconds,
+        unique_key=unique_key,
+        unique_digest=unique_digest,
     )
-    if cursor.rowcount != 1:
+    if tx.execute(_INSERT, params).rowcount != 1:
         return False
     notify_enqueued(tx)
     return True
+
+
+def insert_jobs(tx: PostgresTransaction, jobs: Sequence[Mapping[str, Any]]) -> None:
+    """Queue jobs that hold no idempotency key, each as `insert_job` would, by
+    one statement run for every row (psycopg sends them in one pipeline, not
+    a round trip each). Each mapping holds `insert_job`'s arguments."""
+    if any(values.get("unique_key") is not None for values in jobs):
+        raise ValueError("a job with an idempotency key needs insert_job's answer")
+    if not jobs:
+        return
+    tx.executemany(_INSERT, [_insert_params(**values) for values in jobs])
+    notify_enqueued(tx)
 
 
 def release_unique_key(
