@@ -17,6 +17,7 @@ from mealquest.jobs import quota
 from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.model import Status
 from mealquest.jobs.runner import JobContext
+from mealquest.store import Transaction, connect
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, most_at_once
@@ -485,6 +486,84 @@ def test_the_quota_count_reads_only_pending_jobs_however_many_finished(make_app,
     # SQLite counts the queued ones on the household's queue row.
     queued = {"jobs_household_queued"} if store.name == "postgresql" else set()
     assert _indexes_read(store, plans) == queued | {"jobs_running"}
+
+
+def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queued(
+    make_app, household, other_household
+):
+    # The claim looks at each household it serves through that household's
+    # index entries. A plan that finds the households with due jobs by
+    # reading every queued job (PostgreSQL turned the EXISTS into such a
+    # join on a table whose statistics lagged a burst of enqueues) costs
+    # every claim the whole queue.
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=10_000)
+    jobs, store = get_jobs(app), get_store(app)
+    kinds = list(jobs.registry.names())
+
+    def enqueue(count: int) -> str:
+        """`count` jobs of one household, then one of another: the other's
+        only job comes after them all."""
+        for _ in range(count):
+            jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+        return jobs.enqueue("succeed", {"value": 2}, household_id=other_household.household_id)
+
+    def claim(tx: Any) -> list[Any]:
+        return store.jobs.claim(tx, owner="w.1", lease_seconds=60, limit=4, kinds=kinds)
+
+    if store.name == "postgresql":
+        enqueue(2_000)
+
+        def explained(tx: Any) -> tuple[list[Any], list[str]]:
+            explaining = _Explaining(tx, store)
+            return claim(explaining), explaining.plans
+
+        claimed, plans = store.write(explained)
+        assert len(claimed) == 4
+        assert max(_rows_of_jobs_read(plans)) <= 20
+        return
+
+    # SQLite's plans say nothing of rows: count the virtual machine's steps
+    # instead, with 20 and with 2,000 jobs queued.
+    def steps() -> int:
+        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.set_progress_handler(count, 100)
+            assert len(claim(Transaction(conn))) == 4
+            conn.set_progress_handler(None, 0)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        return counted[0]
+
+    earlier = enqueue(20)
+    few = steps()
+    jobs.cancel(earlier)
+    enqueue(1_980)
+    assert steps() <= 2 * few
+
+
+def _rows_of_jobs_read(plans: list[str]) -> list[int]:
+    """Rows each node of the plans read from `jobs` (kept or filtered out, every loop)."""
+    found = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("Relation Name") == "jobs":
+            read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
+            found.append(read * node["Actual Loops"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    for plan in plans:
+        for entry in json.loads(plan):
+            walk(entry["Plan"])
+    return found
 
 
 def _indexes_read(store: Any, plans: list[str]) -> set[str]:

@@ -369,6 +369,13 @@ def _claim_one_priority(
     # claim index's order (priority, run_at, seq) that is due and claimable.
     full_kinds += f"tier AS (SELECT priority FROM jobs WHERE {due} ORDER BY priority LIMIT 1),\n"
     due += " AND priority = (SELECT priority FROM tier)"
+    # Two forms keep the plan to the households served and their jobs, not
+    # the whole queue, whatever the statistics say (they lag a burst of
+    # enqueues): `OFFSET 0` keeps each EXISTS a probe per household (the
+    # planner would otherwise join it, reading every queued job), and the
+    # UPDATE finds its rows by primary key alone (its own `status` test let
+    # the planner read the queued jobs' index instead). The rows are queued:
+    # `picks` locked them so, and nobody changes them until this commits.
     rows = tx.execute(
         f"""
 WITH {full_kinds}idle AS (
@@ -378,7 +385,7 @@ WITH {full_kinds}idle AS (
     WHERE q.head_run_at <= {_NOW}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
                     WHERE r.household_id = q.household_id AND r.status = 'running')
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due} OFFSET 0)
     ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
 ),
 busy AS (
@@ -388,7 +395,7 @@ busy AS (
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
     WHERE q.head_run_at <= {_NOW}
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due} OFFSET 0)
 ),
 chosen AS (
     SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
@@ -418,7 +425,7 @@ next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
     lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
     started_at = {_NOW}, updated_at = {_NOW}
-FROM next WHERE jobs.seq = next.seq AND jobs.status = 'queued'
+WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
 RETURNING {_qualified("jobs")}""",
         {
             "now": now,
