@@ -155,8 +155,12 @@ def insert_all(tx: Any, jobs: ModuleType, new_jobs: Sequence[NewJob]) -> list[En
     keyless: list[NewJob] = []
 
     def insert_keyless() -> None:
-        jobs.insert_jobs(tx, [insert_arguments(job) for job in keyless])
-        done.extend(Enqueued(job.job_id) for job in keyless)
+        if len(keyless) == 1:
+            # One row: a plain statement (psycopg runs executemany as a pipeline).
+            done.append(insert(tx, jobs, keyless[0]))
+        else:
+            jobs.insert_jobs(tx, [insert_arguments(job) for job in keyless])
+            done.extend(Enqueued(job.job_id) for job in keyless)
         keyless.clear()
 
     for job in new_jobs:
