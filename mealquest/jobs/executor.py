@@ -425,6 +425,8 @@ class Executor:
             for other in list(self.running.values())
             if other.job.id == entry.job.id and other is not entry and other.alive()
         ]
+        if not earlier:
+            return True
         for other in earlier:
             logger.warning("job lost its lease; stopping its handler", extra=other.extra)
             self.take(other, "lease lost", LeaseLost)
