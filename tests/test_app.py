@@ -142,19 +142,6 @@ def test_log_lines_carry_their_context(restore_log_level):
     assert ContextFormatter("%(message)s").format(plain) == "hello"
 
 
-def test_log_lines_give_the_time_as_the_standard_formatter_does(restore_log_level):
-    # The time of day is formatted once a second: records of the same second,
-    # of the next, and of an earlier one each read as logging's own formatter
-    # writes them.
-    ours = ContextFormatter("%(asctime)s %(message)s")
-    standard = logging.Formatter("%(asctime)s %(message)s")
-    for created in (1_700_000_000.25, 1_700_000_000.999, 1_700_000_001.0, 1_699_999_999.5):
-        record = logging.LogRecord("mealquest", logging.INFO, __file__, 1, "tick", (), None)
-        record.created = created
-        record.msecs = int((created - int(created)) * 1000) + 0.0
-        assert ours.format(record) == standard.format(record)
-
-
 def test_logging_is_configured_once(restore_log_level):
     logger = logging.getLogger("mealquest")
     configure_logging("INFO")
