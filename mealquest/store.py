@@ -246,8 +246,8 @@ def connect(
     its page cache afresh, and the heap grew and shrank around it: the fair
     claim statement made seven `brk` calls and cost about 1 ms, against
     0.2 ms in memory. Every statement of the running service is bounded (a
-    LIMIT, an index order, or the counts tables), so its temporary tables
-    stay small. A migration's CREATE INDEX sorts a whole table, so
+    LIMIT, an index order, the counts tables, or the jobs running), so its
+    temporary tables stay small. A migration's CREATE INDEX sorts a whole table, so
     migrations pass False: that sort spills to a file instead of memory.
     """
     if synchronous.upper() not in SYNCHRONOUS_MODES:
