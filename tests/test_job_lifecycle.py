@@ -517,7 +517,7 @@ def test_enqueue_many_stores_each_job_as_asked_in_the_requests_order(jobs, store
     assert all(job.status == Status.QUEUED for job in stored)
 
 
-def test_the_bulk_insert_refuses_a_job_with_a_key_and_stores_nothing(jobs, store, household):
+def test_the_bulk_insert_refuses_a_job_with_a_key(jobs, store, household):
     # A key's holder may answer instead of a new row: only `insert_job` says so.
     job = enqueueing.prepare(
         jobs.registry, "succeed", {"value": 1}, household_id=household.household_id

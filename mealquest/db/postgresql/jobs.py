@@ -370,12 +370,14 @@ def _claim_one_priority(
     full_kinds += f"tier AS (SELECT priority FROM jobs WHERE {due} ORDER BY priority LIMIT 1),\n"
     due += " AND priority = (SELECT priority FROM tier)"
     # Two forms keep the plan to the households served and their jobs, not
-    # the whole queue, whatever the statistics say (they lag a burst of
-    # enqueues): `OFFSET 0` keeps each EXISTS a probe per household (the
-    # planner would otherwise join it, reading every queued job), and the
-    # UPDATE finds its rows by primary key alone (its own `status` test let
-    # the planner read the queued jobs' index instead). The rows are queued:
-    # `picks` locked them so, and nobody changes them until this commits.
+    # the whole queue, while the statistics lag a burst of enqueues or say a
+    # few households hold every job: each EXISTS is a probe per household in
+    # its index's order (`OFFSET 0` stops the planner from joining it, which
+    # read every queued job; the order makes the household's index the way
+    # to its first due job), and the UPDATE finds its rows by primary key
+    # alone (its own `status` test let the planner read the queued jobs'
+    # index instead). The rows are queued: `picks` locked them so, after
+    # checking, and nobody changes them until this commits.
     rows = tx.execute(
         f"""
 WITH {full_kinds}idle AS (
@@ -385,7 +387,8 @@ WITH {full_kinds}idle AS (
     WHERE q.head_run_at <= {_NOW}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
                     WHERE r.household_id = q.household_id AND r.status = 'running')
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due} OFFSET 0)
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
+                ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
     ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
 ),
 busy AS (
@@ -395,7 +398,8 @@ busy AS (
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
     WHERE q.head_run_at <= {_NOW}
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due} OFFSET 0)
+    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
+                ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
 ),
 chosen AS (
     SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
