@@ -352,7 +352,8 @@ def _claim_one_priority(
             "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
             "FROM picks) AS p WHERE nth <= most"
         )
-    due = f"status = 'queued' AND run_at <= {_NOW} AND kind = ANY(%(kinds)s::text[])"
+    queued = f"status = 'queued' AND run_at <= {_NOW}"
+    of_kinds = "kind = ANY(%(kinds)s::text[])"
     full = [
         f"SELECT %(k{index})s::text WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
         f"AND kind = %(k{index})s) >= %(cap{index})s"
@@ -364,10 +365,19 @@ def _claim_one_priority(
         # Kinds at their deployment cap, left out before households and jobs
         # are chosen, so they cannot hide a household's other jobs.
         full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
-        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
+        queued += " AND kind NOT IN (SELECT kind FROM full_kinds)"
     # The best priority of the jobs this claim may take: the first in the
-    # claim index's order (priority, run_at, seq) that is due and claimable.
-    full_kinds += f"tier AS (SELECT priority FROM jobs WHERE {due} ORDER BY priority LIMIT 1),\n"
+    # claim index's order (priority, run_at, seq) that is due and of a kind
+    # this claim takes. The kinds are tested outside an `OFFSET 0` subquery
+    # that walks that index: asked in one query, a planner without the
+    # table's statistics (which lag a burst of enqueues) read every due job
+    # through the kinds' index and sorted them, 4 ms at 8,000 queued.
+    full_kinds += (
+        "tier AS (SELECT priority FROM (SELECT priority, kind FROM jobs "
+        f"WHERE {queued} ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
+        f"WHERE {of_kinds} LIMIT 1),\n"
+    )
+    due = f"{queued} AND {of_kinds}"
     due += " AND priority = (SELECT priority FROM tier)"
     # Two forms keep the plan to the households served and their jobs, not
     # the whole queue, while the statistics lag a burst of enqueues or say a
