@@ -578,6 +578,31 @@ def main(argv: list[str] | None = None) -> int:
         sections = tuple(s for s in SECTIONS if s != "postgres")
     started = time.monotonic()
     figures: list[dict] = []
+
+    def save(complete: bool) -> dict:
+        """Write the figures measured so far: a section that fails late (a
+        server, a peer) then costs only its own figures."""
+        postgresql = next((row["postgresql"] for row in figures if "postgresql" in row), None)
+        results = {
+            "mode": "quick" if options.quick else "full",
+            "started": stamp,
+            "seconds": time.monotonic() - started,
+            "complete": complete,
+            "sizes": asdict(sizes),
+            "synchronous": SYNCHRONOUS,
+            "http_generator": generator,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "sqlite": sqlite3.sqlite_version,
+                "postgresql": postgresql,
+            },
+            "figures": figures,
+        }
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+        return results
+
     try:
         for section in sections:
             section_started = time.monotonic()
@@ -602,29 +627,14 @@ def main(argv: list[str] | None = None) -> int:
             elif section == "postgres":
                 figures += measure_postgres(sizes, workdir, log, quick=options.quick)
             print(f"{section}: {time.monotonic() - section_started:.1f} s", file=sys.stderr)
+            save(complete=False)
     finally:
         if options.keep:
             print(f"work directory kept: {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    postgresql = next((row["postgresql"] for row in figures if "postgresql" in row), None)
-    results = {
-        "mode": "quick" if options.quick else "full",
-        "started": stamp,
-        "seconds": time.monotonic() - started,
-        "sizes": asdict(sizes),
-        "synchronous": SYNCHRONOUS,
-        "http_generator": generator,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "postgresql": postgresql,
-        },
-        "figures": figures,
-    }
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    results = save(complete=True)
+    postgresql = results["machine"]["postgresql"]
     summary = (
         f"{results['mode']} run of {stamp}, {results['seconds']:.0f} s, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "

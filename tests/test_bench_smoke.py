@@ -34,6 +34,8 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-6000:]
     results = json.loads(results_path.read_text())
+    # Written after each section too; this one is the whole run's.
+    assert results["complete"] is True
     assert results["mode"] == "quick"
     assert [row["figure"] for row in results["figures"]] == list(FIGURES)
     for row in results["figures"]:
