@@ -134,6 +134,25 @@ def test_each_transaction_deletes_one_small_batch(jobs, household):
     assert not old & job_ids(store)
 
 
+def test_a_batch_deletes_at_most_its_size_however_the_database_plans_it(jobs, household):
+    # PostgreSQL may run an IN subquery again for each row it scans (the
+    # settings below leave it no other plan; statistics led it there once in
+    # CI). The batch's subquery locks its rows: each run skipped those just
+    # deleted and locked the next, and one statement deleted all 11.
+    store = jobs.store
+    for _ in range(11):
+        finished_job(jobs, household.household_id, Status.SUCCEEDED, 30)
+
+    def delete_one_batch(tx):
+        if store.name == "postgresql":
+            for setting in ("hashjoin", "mergejoin", "hashagg", "material", "sort"):
+                tx.execute(f"SET LOCAL enable_{setting} = off")
+        return store.retention.delete_finished(tx, older_than_seconds=14 * 86_400, limit=3)
+
+    assert store.write(delete_one_batch) == 3
+    assert store.write(delete_one_batch) == 3
+
+
 def test_pruning_while_jobs_run_deletes_only_old_finished_ones(make_app, gates):
     app = make_app(JOB_WORKERS=3)
     jobs = get_jobs(app)

@@ -26,11 +26,16 @@ def delete_finished(
     `older_than_seconds` ago, oldest first; the number deleted. Queued and
     running jobs are never touched; their recipes stay (the foreign key sets
     `recipes.job_id` to NULL)."""
+    # MATERIALIZED: the batch is chosen once. As a plain subquery the planner
+    # could run it again for each row of `jobs` it scanned, and each run
+    # locked the next rows (those this statement had deleted were skipped):
+    # one statement deleted every old job, far more than `limit`.
     cursor = tx.execute(
-        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE finished_at < "
+        "WITH batch AS MATERIALIZED (SELECT seq FROM jobs WHERE finished_at < "
         "coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(seconds)s) "
         "AND status = ANY(%(statuses)s::text[]) ORDER BY finished_at LIMIT %(limit)s "
-        "FOR UPDATE SKIP LOCKED)",
+        "FOR UPDATE SKIP LOCKED) "
+        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM batch)",
         {
             "now": now,
             "seconds": float(older_than_seconds),
