@@ -136,43 +136,17 @@ def _insert_params(
     }
 
 
-def insert_job(
-    tx: PostgresTransaction,
-    *,
-    job_id: str,
-    household_id: int,
-    kind: str,
-    payload: str,
-    max_attempts: int,
-    on_interrupt: OnInterrupt,
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    unique_key: str | None = None,
-    unique_digest: str | None = None,
-) -> bool:
+def insert_job(tx: PostgresTransaction, **arguments: Any) -> bool:
     """Queue a job, due at `run_at`, `delay_seconds` from the database's now, or
-    now; listening processes hear of it when the transaction commits.
+    now (the arguments are `_insert_params`'s, by name); listening processes
+    hear of it when the transaction commits.
 
     With `unique_key`, nothing is inserted (False) when the household already
     has a job holding that key: the unique index decides (a concurrent insert
     of the same key waits for the other transaction, then inserts nothing).
     True when the job was inserted.
     """
-    params = _insert_params(
-        job_id=job_id,
-        household_id=household_id,
-        kind=kind,
-        payload=payload,
-        max_attempts=max_attempts,
-        on_interrupt=on_interrupt,
-        priority=priority,
-        run_at=run_at,
-        delay_seconds=delay_seconds,
-        unique_key=unique_key,
-        unique_digest=unique_digest,
-    )
-    if tx.execute(_INSERT, params).rowcount != 1:
+    if tx.execute(_INSERT, _insert_params(**arguments)).rowcount != 1:
         return False
     notify_enqueued(tx)
     return True

@@ -86,44 +86,16 @@ def _insert_row(
     )
 
 
-def insert_job(
-    tx: Transaction,
-    *,
-    job_id: str,
-    household_id: int,
-    kind: str,
-    payload: str,
-    max_attempts: int,
-    on_interrupt: OnInterrupt,
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    unique_key: str | None = None,
-    unique_digest: str | None = None,
-) -> bool:
-    """Queue a job, due at `run_at`, `delay_seconds` from now, or now.
+def insert_job(tx: Transaction, **arguments: Any) -> bool:
+    """Queue a job, due at `run_at`, `delay_seconds` from now, or now (the
+    arguments are `_insert_row`'s, by name).
 
     With `unique_key`, nothing is inserted (False) when the household already
     has a job holding that key: the unique index decides, so two concurrent
     enqueues cannot both insert. True when the job was inserted.
     """
     moment = _moment(None)
-    row = _insert_row(
-        moment,
-        to_text(moment),
-        job_id=job_id,
-        household_id=household_id,
-        kind=kind,
-        payload=payload,
-        max_attempts=max_attempts,
-        on_interrupt=on_interrupt,
-        priority=priority,
-        run_at=run_at,
-        delay_seconds=delay_seconds,
-        unique_key=unique_key,
-        unique_digest=unique_digest,
-    )
-    return tx.execute(_INSERT, row).rowcount == 1
+    return tx.execute(_INSERT, _insert_row(moment, to_text(moment), **arguments)).rowcount == 1
 
 
 def insert_jobs(tx: Transaction, jobs: Sequence[Mapping[str, Any]]) -> None:
