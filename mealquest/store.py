@@ -241,13 +241,13 @@ def connect(
     pragmas may already read the file, and must not wait longer than asked.
 
     `temp_in_memory` keeps the temporary tables a statement builds (its
-    sorts, materialized subqueries, RETURNING rows) in memory. In a temporary
-    file (SQLite's default), each such table set up
-    its page cache afresh, and the heap grew and shrank around it: the fair
-    claim statement made seven `brk` calls and cost about 1 ms, against
-    0.2 ms in memory. Every statement of the running service is bounded (a
-    LIMIT, an index order, the counts tables, or the jobs running), so its
-    temporary tables stay small. A migration's CREATE INDEX sorts a whole table, so
+    sorts, materialized subqueries, RETURNING rows) in memory. In a
+    temporary file (SQLite's default) each such table set up its page cache
+    afresh, and the heap grew and shrank around it: the fair claim statement
+    made seven `brk` calls and cost about 1 ms, against 0.2 ms in memory.
+    Every statement of the running service is bounded (a LIMIT, an index
+    order, the counts tables, or the jobs running), so its temporary tables
+    stay small. A migration's CREATE INDEX sorts a whole table, so
     migrations pass False: that sort spills to a file instead of memory.
     """
     if synchronous.upper() not in SYNCHRONOUS_MODES:
