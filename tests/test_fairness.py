@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -595,21 +596,26 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
     assert steps() <= 2 * few
 
 
-def _rows_of_jobs_read(plans: list[str]) -> list[int]:
-    """Rows each node of the plans read from `jobs` (kept or filtered out, every loop)."""
-    found = []
+def _nodes_reading_jobs(plans: list[str]) -> Iterator[dict[str, Any]]:
+    """Each node of PostgreSQL's JSON plans that reads the `jobs` table."""
 
-    def walk(node: dict[str, Any]) -> None:
+    def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if node.get("Relation Name") == "jobs":
-            read = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
-            found.append(read * node["Actual Loops"])
+            yield node
         for child in node.get("Plans", []):
-            walk(child)
+            yield from walk(child)
 
     for plan in plans:
         for entry in json.loads(plan):
-            walk(entry["Plan"])
-    return found
+            yield from walk(entry["Plan"])
+
+
+def _rows_of_jobs_read(plans: list[str]) -> list[int]:
+    """Rows each node of the plans read from `jobs` (kept or filtered out, every loop)."""
+    return [
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in _nodes_reading_jobs(plans)
+    ]
 
 
 def _indexes_read(store: Any, plans: list[str]) -> set[str]:
@@ -620,15 +626,4 @@ def _indexes_read(store: Any, plans: list[str]) -> set[str]:
             if line.startswith(("SCAN jobs", "SEARCH jobs")):
                 found.add(line.split(" USING INDEX ")[1].split()[0] if "INDEX" in line else "jobs")
         return found
-    found = set()
-
-    def walk(node: dict[str, Any]) -> None:
-        if node.get("Relation Name") == "jobs":
-            found.add(node.get("Index Name", "jobs"))
-        for child in node.get("Plans", []):
-            walk(child)
-
-    for plan in plans:
-        for entry in json.loads(plan):
-            walk(entry["Plan"])
-    return found
+    return {node.get("Index Name", "jobs") for node in _nodes_reading_jobs(plans)}
