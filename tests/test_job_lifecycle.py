@@ -517,6 +517,45 @@ def test_enqueue_many_stores_each_job_as_asked_in_the_requests_order(jobs, store
     assert all(job.status == Status.QUEUED for job in stored)
 
 
+def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would(
+    jobs, store, household
+):
+    # The payloads of each kind are validated together: each request's
+    # errors must still land under its own index, whatever kinds surround it.
+    mine = household.household_id
+    requests = [
+        JobRequest("succeed", {"value": 1}, mine),
+        JobRequest("sleep", {"seconds": "soon"}, mine),
+        JobRequest("succeed", {"value": "x"}, mine),
+        JobRequest("sleep", {"seconds": 1}, mine),
+        JobRequest("succeed", {"value": 2, "extra": 1}, mine),
+        JobRequest("sleep", [], mine),
+        JobRequest("succeed", {"value": "y"}, mine, priority=10_000),
+        JobRequest("succeed", {"value": 3}, mine, unique_key="has space"),
+        JobRequest("sleep", {"seconds": 2}, mine),
+    ]
+
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue_many(requests)
+
+    alone = {}
+    for index, request in enumerate(requests):
+        try:
+            jobs.enqueue(
+                request.kind,
+                request.payload,
+                household_id=mine,
+                priority=request.priority,
+                unique_key=request.unique_key,
+            )
+        except ValidationError as error:
+            alone[index] = error.messages
+    assert sorted(alone) == [1, 2, 4, 5, 6, 7]
+    assert raised.value.messages == alone
+    assert list(raised.value.messages) == [1, 2, 4, 5, 6, 7]
+    assert count_jobs(store) == 3  # the three good requests, enqueued alone
+
+
 def test_the_bulk_insert_refuses_a_job_with_a_key(jobs, store, household):
     # A key's holder may answer instead of a new row: only `insert_job` says so.
     job = enqueueing.prepare(

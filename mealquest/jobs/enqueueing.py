@@ -23,7 +23,7 @@ from marshmallow import ValidationError
 
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
 from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, OnInterrupt
-from mealquest.jobs.registry import Registry
+from mealquest.jobs.registry import Kind, Registry
 
 # How long an idempotency key names its job: a repeat within the window is
 # answered with the same job; after it, the key may name a new one.
@@ -77,6 +77,19 @@ def check_unique_key(key: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class JobRequest:
+    """One job of a bulk enqueue (`JobService.enqueue_many`): `enqueue`'s arguments."""
+
+    kind: str
+    payload: Mapping[str, Any]
+    household_id: int
+    run_at: datetime | None = None
+    delay: float | None = None
+    priority: int = DEFAULT_PRIORITY
+    unique_key: str | None = None
+
+
 def prepare(
     registry: Registry,
     kind_name: str,
@@ -90,9 +103,59 @@ def prepare(
 ) -> NewJob:
     """Validate one job request; raises UnknownKind, or ValidationError naming
     each bad field (the payload's own fields as the kind's schema names them)."""
-    kind = registry.get(kind_name)
+    request = JobRequest(kind_name, payload, household_id, run_at, delay, priority, unique_key)
+    kind = _kind(registry, kind_name)
+    errors = _option_errors(request)
+    if errors:
+        raise ValidationError(errors)
+    return _new_job(request, kind, kind.canonical_payload(payload))
+
+
+def prepare_all(registry: Registry, requests: Sequence[JobRequest]) -> list[NewJob]:
+    """Validate a bulk enqueue's requests, each as `prepare` does; raises
+    UnknownKind, or ValidationError with each bad request's errors under its
+    index (`{2: {"value": [...]}}`).
+
+    The payloads of one kind are validated by one call of its schema over
+    them all: for a small payload, marshmallow's cost per call is most of
+    its validation."""
+    kinds = [_kind(registry, request.kind) for request in requests]
+    errors: dict[int, Any] = {}
+    batches: dict[str, list[int]] = {}
+    for index, request in enumerate(requests):
+        found = _option_errors(request)
+        if found:
+            errors[index] = found
+        else:
+            batches.setdefault(request.kind, []).append(index)
+    payloads: dict[int, str] = {}
+    for indexes in batches.values():
+        kind = kinds[indexes[0]]
+        try:
+            texts = kind.canonical_payloads([requests[index].payload for index in indexes])
+        except ValidationError as error:
+            for position, messages in error.normalized_messages().items():
+                errors[indexes[position]] = messages
+        else:
+            payloads.update(zip(indexes, texts, strict=True))
+    if errors:
+        raise ValidationError(dict(sorted(errors.items())))
+    return [
+        _new_job(request, kind, payloads[index])
+        for index, (request, kind) in enumerate(zip(requests, kinds, strict=True))
+    ]
+
+
+def _kind(registry: Registry, name: str) -> Kind:
+    kind = registry.get(name)
     if kind is None:
-        raise UnknownKind(f"{(UnknownKind.__doc__ or '').rstrip('.')}: {kind_name}")
+        raise UnknownKind(f"{(UnknownKind.__doc__ or '').rstrip('.')}: {name}")
+    return kind
+
+
+def _option_errors(request: JobRequest) -> dict[str, list[str]]:
+    """What is wrong with a request's options (all but its payload), by field."""
+    run_at, delay, priority = request.run_at, request.delay, request.priority
     errors: dict[str, list[str]] = {}
     if run_at is not None and delay is not None:
         errors["run_at"] = ["give run_at or delay, not both"]
@@ -108,24 +171,27 @@ def prepare(
         or not MIN_PRIORITY <= priority <= MAX_PRIORITY
     ):
         errors["priority"] = [f"must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}"]
-    if unique_key is not None:
+    if request.unique_key is not None:
         try:
-            check_unique_key(unique_key)
+            check_unique_key(request.unique_key)
         except ValidationError as error:
             errors.update(error.normalized_messages())
-    if errors:
-        raise ValidationError(errors)
+    return errors
+
+
+def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
+    """The job of a request found valid, with `payload` as stored."""
     return NewJob(
         job_id=new_job_id(),
-        household_id=household_id,
-        kind=kind_name,
-        payload=kind.canonical_payload(payload),
+        household_id=request.household_id,
+        kind=request.kind,
+        payload=payload,
         max_attempts=kind.options.max_attempts,
         on_interrupt=kind.options.interrupt_policy,
-        priority=priority,
-        run_at=run_at,
-        delay_seconds=None if delay is None else float(delay),
-        unique_key=unique_key,
+        priority=request.priority,
+        run_at=request.run_at,
+        delay_seconds=None if request.delay is None else float(request.delay),
+        unique_key=request.unique_key,
     )
 
 

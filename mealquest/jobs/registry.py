@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -103,8 +103,12 @@ def _schema(schema: Schema | type[Schema]) -> Schema:
     return instance
 
 
+# One encoder for every call: `json.dumps` with options builds one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
 def encode(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    return _ENCODER.encode(data)
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,12 @@ class Kind:
     def canonical_payload(self, payload: Mapping[str, Any]) -> str:
         """Validate a payload and return the JSON stored for it (ValidationError if bad)."""
         return encode(self.payload_schema.dump(self.payload_schema.load(payload)))
+
+    def canonical_payloads(self, payloads: Sequence[Mapping[str, Any]]) -> list[str]:
+        """`canonical_payload` of each, by one load and one dump of them all;
+        ValidationError with each bad payload's errors under its position."""
+        schema = self.payload_schema
+        return [encode(data) for data in schema.dump(schema.load(payloads, many=True), many=True)]
 
     def load_payload(self, stored: str) -> Any:
         return self.payload_schema.load(json.loads(stored))

@@ -7,18 +7,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from flask import Flask
-from marshmallow import ValidationError
 
 from mealquest import migrations
 from mealquest.extensions import JOBS_KEY, get_store
 from mealquest.households import Household
 from mealquest.jobs import enqueueing, quota, retention
-from mealquest.jobs.enqueueing import Enqueued, NewJob
+from mealquest.jobs.enqueueing import Enqueued, JobRequest, NewJob
 from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
 from mealquest.jobs.producer import ClaimAlong
@@ -29,19 +27,6 @@ from mealquest.store import Store, StoreWriterUnresponsive, Transaction
 logger = logging.getLogger(__name__)
 
 __all__ = ["Enqueued", "JobRequest", "JobService", "init_app"]
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """One job of a bulk enqueue (`JobService.enqueue_many`): `enqueue`'s arguments."""
-
-    kind: str
-    payload: Mapping[str, Any]
-    household_id: int
-    run_at: datetime | None = None
-    delay: float | None = None
-    priority: int = DEFAULT_PRIORITY
-    unique_key: str | None = None
 
 
 class _AtQuota(Exception):
@@ -150,26 +135,7 @@ class JobService:
         with another request, or a household the batch would take past its
         quota (TooManyJobs). Answers in the requests' order.
         """
-        jobs: list[NewJob] = []
-        errors: dict[int, Any] = {}
-        for index, request in enumerate(requests):
-            try:
-                jobs.append(
-                    enqueueing.prepare(
-                        self.registry,
-                        request.kind,
-                        request.payload,
-                        household_id=request.household_id,
-                        run_at=request.run_at,
-                        delay=request.delay,
-                        priority=request.priority,
-                        unique_key=request.unique_key,
-                    )
-                )
-            except ValidationError as error:
-                errors[index] = error.normalized_messages()
-        if errors:
-            raise ValidationError(errors)
+        jobs = enqueueing.prepare_all(self.registry, requests)
         return self._write(jobs, tx, within_quota=within_quota)
 
     def _write(
