@@ -4,6 +4,7 @@ enqueues, priorities, bulk enqueues and follow-up jobs, on both databases."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 
 import gevent
@@ -554,6 +555,14 @@ def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would
     assert raised.value.messages == alone
     assert list(raised.value.messages) == [1, 2, 4, 5, 6, 7]
     assert count_jobs(store) == 3  # the three good requests, enqueued alone
+
+
+def test_job_ids_are_distinct_version_4_uuids():
+    ids = [enqueueing.new_job_id() for _ in range(2_000)]
+    assert len(set(ids)) == len(ids)
+    for job_id in ids:
+        parsed = uuid.UUID(job_id)
+        assert (parsed.hex, parsed.version, parsed.variant) == (job_id, 4, uuid.RFC_4122)
 
 
 def test_the_bulk_insert_refuses_a_job_with_a_key(jobs, store, household):
