@@ -125,7 +125,8 @@ class Kind:
         return encode(self.payload_schema.dump(self.payload_schema.load(payload)))
 
     def canonical_payloads(self, payloads: Sequence[Mapping[str, Any]]) -> list[str]:
-        """`canonical_payload` of each, by one load and one dump of them all;
+        """`canonical_payload` of each, by one load and one dump of them all
+        (`many=True`: a hook declared `pass_many=True` gets the list);
         ValidationError with each bad payload's errors under its position."""
         schema = self.payload_schema
         return [encode(data) for data in schema.dump(schema.load(payloads, many=True), many=True)]
