@@ -518,6 +518,45 @@ def test_enqueue_many_stores_each_job_as_asked_in_the_requests_order(jobs, store
     assert all(job.status == Status.QUEUED for job in stored)
 
 
+def test_a_bulk_enqueue_stores_each_row_as_a_single_enqueue_stores_it(jobs, store, household):
+    # SQLite's bulk insert reads its rows from JSON: each column must come
+    # out as the single insert's bound value does, its type included.
+    mine = household.household_id
+    at = utc_now() + timedelta(hours=1)
+    requests = [
+        JobRequest("succeed", {"value": 7}, mine),
+        JobRequest("succeed", {"value": -1}, mine, priority=-32768, run_at=at),
+        JobRequest("sleep", {"seconds": 0.5}, mine, priority=32767, delay=90),
+        JobRequest("fail_with_failure", {"message": 'é \u2603 say "hi"\n'}, mine),
+    ]
+    for request in requests:
+        jobs.enqueue(
+            request.kind,
+            request.payload,
+            household_id=mine,
+            run_at=request.run_at,
+            delay=request.delay,
+            priority=request.priority,
+        )
+    jobs.enqueue_many(requests)
+
+    typed = (
+        ""
+        if store.name == "postgresql"
+        else ", "
+        + ", ".join(
+            f"typeof({column}) AS {column}_type"
+            for column in ("household_id", "kind", "payload", "max_attempts", "priority", "run_at")
+        )
+    )
+    stored = sql.rows(store, f"SELECT *{typed} FROM jobs ORDER BY seq")
+    for row in stored:
+        for column in ("id", "seq", "created_at", "updated_at", "run_at"):
+            row.pop(column)
+    assert stored[4:] == stored[:4]
+    assert [json.loads(row["payload"]) for row in stored[4:]] == [r.payload for r in requests]
+
+
 def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would(
     jobs, store, household
 ):

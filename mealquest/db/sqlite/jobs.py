@@ -13,6 +13,7 @@ that cut a job short, or an expired lease) through `interrupt` and
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -41,11 +42,21 @@ _COLUMNS = (
 )
 
 
+# The columns an insert sets, in the order of `_insert_row`'s values.
+_INSERTED = (
+    "id, household_id, kind, payload, max_attempts, on_interrupt, priority, unique_key, "
+    "unique_digest, run_at, created_at, updated_at"
+)
 _INSERT = (
-    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-    "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
-    "VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO jobs (status, {_INSERTED}) VALUES ('queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING"
+)
+# The same rows, each an array of `_insert_row`'s values, from one JSON array
+# (`key` is an item's index there).
+_INSERT_FROM_JSON = (
+    f"INSERT INTO jobs (status, {_INSERTED}) SELECT 'queued', "
+    + ", ".join(f"json_extract(value, '$[{index}]')" for index in range(len(_INSERTED.split(","))))
+    + " FROM json_each(?) ORDER BY key"
 )
 
 
@@ -99,15 +110,18 @@ def insert_job(tx: Transaction, **arguments: Any) -> bool:
 
 
 def insert_jobs(tx: Transaction, jobs: Sequence[Mapping[str, Any]]) -> None:
-    """Queue jobs that hold no idempotency key, each as `insert_job` would, by
-    one statement run for every row: a bulk enqueue paid a statement call and
-    a clock read per job otherwise, more than the row's own insert. Each
-    mapping holds `insert_job`'s arguments."""
+    """Queue jobs that hold no idempotency key, each as `insert_job` would
+    (each mapping holds its arguments), in their order, by one statement
+    that reads the rows from a JSON array. One statement a row paid a
+    statement call and a clock read a job; one `executemany` still paid a
+    run of the statement a row: 1,000 rows took about 50 ms, against 30
+    for one statement over them all."""
     if any(values.get("unique_key") is not None for values in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     moment = _moment(None)
     now = to_text(moment)
-    tx.executemany(_INSERT, [_insert_row(moment, now, **values) for values in jobs])
+    rows = [_insert_row(moment, now, **values) for values in jobs]
+    tx.execute(_INSERT_FROM_JSON, (json.dumps(rows),))
 
 
 def release_unique_key(
