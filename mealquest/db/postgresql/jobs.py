@@ -152,15 +152,46 @@ def insert_job(tx: PostgresTransaction, **arguments: Any) -> bool:
     return True
 
 
+# `_INSERT` for many rows: each column's values as one array, the rows
+# inserted in the arrays' order.
+_INSERT_ARRAYS = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+    "priority, run_at, created_at, updated_at) "
+    "SELECT r.id, r.household_id, r.kind, r.payload, 'queued', r.max_attempts, r.on_interrupt, "
+    "r.priority, coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay, 0))), "
+    "now(), now() "
+    "FROM unnest(%(id)s::text[], %(household_id)s::bigint[], %(kind)s::text[], "
+    "%(payload)s::text[], %(max_attempts)s::integer[], %(on_interrupt)s::text[], "
+    "%(priority)s::smallint[], %(run_at)s::timestamptz[], %(delay)s::double precision[]) "
+    "WITH ORDINALITY AS r(id, household_id, kind, payload, max_attempts, on_interrupt, "
+    "priority, run_at, delay, position) "
+    "ORDER BY r.position"
+)
+_ARRAY_COLUMNS = (
+    "id",
+    "household_id",
+    "kind",
+    "payload",
+    "max_attempts",
+    "on_interrupt",
+    "priority",
+    "run_at",
+    "delay",
+)
+
+
 def insert_jobs(tx: PostgresTransaction, jobs: Sequence[Mapping[str, Any]]) -> None:
-    """Queue jobs that hold no idempotency key, each as `insert_job` would, by
-    one statement run for every row (psycopg sends them in one pipeline, not
-    a round trip each). Each mapping holds `insert_job`'s arguments."""
+    """Queue jobs that hold no idempotency key, each as `insert_job` would
+    (each mapping holds its arguments), in their order, by one statement
+    over arrays of their values. An `executemany`, pipelined, still ran the
+    statement and its triggers a row at a time: 1,000 rows took about 250
+    ms."""
     if any(values.get("unique_key") is not None for values in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     if not jobs:
         return
-    tx.executemany(_INSERT, [_insert_params(**values) for values in jobs])
+    rows = [_insert_params(**values) for values in jobs]
+    tx.execute(_INSERT_ARRAYS, {column: [row[column] for row in rows] for column in _ARRAY_COLUMNS})
     notify_enqueued(tx)
 
 
