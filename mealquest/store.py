@@ -285,9 +285,6 @@ class Transaction:
     def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
         return self.conn.execute(sql, params)
 
-    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
-        return self.conn.executemany(sql, rows)
-
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit_callbacks.append(callback)
 

@@ -17,7 +17,7 @@ from mealquest.jobs import enqueueing
 from mealquest.jobs.enqueueing import Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
 from mealquest.jobs.executor import Outcome
-from mealquest.jobs.model import Status
+from mealquest.jobs.model import OnInterrupt, Status
 from mealquest.jobs.service import JobRequest
 from tests.conftest import wait_for
 from tests.support import sql, transitions
@@ -405,6 +405,9 @@ def test_the_runner_runs_urgent_jobs_first(make_app, household, tmp_path):
     [
         ({"delay": -1}, "delay"),
         ({"delay": "soon"}, "delay"),
+        ({"delay": float("inf")}, "delay"),
+        ({"delay": float("nan")}, "delay"),
+        ({"delay": enqueueing.MAX_DELAY_SECONDS + 1}, "delay"),
         ({"priority": 40000}, "priority"),
         ({"priority": 1.5}, "priority"),
         ({"priority": True}, "priority"),
@@ -418,6 +421,32 @@ def test_bad_scheduling_arguments_store_nothing(jobs, store, household, argument
         jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id, **arguments)
     assert list(raised.value.messages) == [field]
     assert count_jobs(store) == 0
+
+
+@pytest.mark.parametrize("household_id", ["1", 1.0, True, None])
+def test_a_household_id_that_is_not_an_integer_stores_nothing(jobs, store, household, household_id):
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue("succeed", {"value": 1}, household_id=household_id)
+    assert raised.value.messages == {"household_id": ["must be an integer"]}
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue_many(
+            [
+                JobRequest("succeed", {"value": 1}, household.household_id),
+                JobRequest("succeed", {"value": 1}, household_id),
+            ]
+        )
+    assert raised.value.messages == {1: {"household_id": ["must be an integer"]}}
+    assert count_jobs(store) == 0
+
+
+def test_the_longest_delay_is_accepted(jobs, store, household):
+    job_id = jobs.enqueue(
+        "succeed",
+        {"value": 1},
+        household_id=household.household_id,
+        delay=enqueueing.MAX_DELAY_SECONDS,
+    )
+    assert jobs.get(job_id).run_at > to_text(utc_now() + timedelta(days=99 * 365))
 
 
 def test_flask_jobs_enqueue_prints_the_job(runner, jobs, household):
@@ -442,6 +471,10 @@ def test_flask_jobs_enqueue_prints_the_job(runner, jobs, household):
         (["succeed", "{"], "Error: PAYLOAD_JSON is not valid JSON"),
         (["succeed", "[1]"], "Error: PAYLOAD_JSON must be a JSON object"),
         (["nope", "{}"], "Error: No handler is registered for that job kind: nope"),
+        (
+            ["succeed", '{"value": 1}', "--delay", "inf"],
+            "Error: invalid: delay: must be a number of seconds from 0 to 3,153,600,000",
+        ),
     ],
 )
 def test_flask_jobs_enqueue_refuses_bad_input_in_one_line(runner, store, household, args, message):
@@ -573,6 +606,12 @@ def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would
         JobRequest("succeed", {"value": "y"}, mine, priority=10_000),
         JobRequest("succeed", {"value": 3}, mine, unique_key="has space"),
         JobRequest("sleep", {"seconds": 2}, mine),
+        # A schema validator (skipped by marshmallow for every payload of a
+        # list once one has a field error), and a hook that refuses one.
+        JobRequest("range", {"low": 1, "high": 2}, mine),
+        JobRequest("range", {"low": 5, "high": 1}, mine),
+        JobRequest("range", {"low": "x", "high": 1}, mine),
+        JobRequest("range", {"low": 13, "high": 20}, mine),
     ]
 
     with pytest.raises(ValidationError) as raised:
@@ -590,10 +629,64 @@ def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would
             )
         except ValidationError as error:
             alone[index] = error.messages
-    assert sorted(alone) == [1, 2, 4, 5, 6, 7]
+    assert sorted(alone) == [1, 2, 4, 5, 6, 7, 10, 11, 12]
     assert raised.value.messages == alone
-    assert list(raised.value.messages) == [1, 2, 4, 5, 6, 7]
-    assert count_jobs(store) == 3  # the three good requests, enqueued alone
+    assert list(raised.value.messages) == sorted(alone)
+    assert count_jobs(store) == 4  # the four good requests, enqueued alone
+
+
+def test_a_bulk_enqueue_of_a_kind_whose_hook_takes_the_collection_works_as_one_at_a_time(
+    jobs, store, household
+):
+    # The hook, written for one payload, would get a list from a bulk load.
+    mine = household.household_id
+    done = jobs.enqueue_many([JobRequest("one_at_a_time", {"value": n}, mine) for n in range(3)])
+    payloads = [json.loads(jobs.get(result.job_id).payload) for result in done]
+    assert payloads == [{"value": 0}, {"value": 1}, {"value": 2}]
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue_many([JobRequest("one_at_a_time", {"value": "x"}, mine)] * 2)
+    assert raised.value.messages == {index: {"value": ["Not a valid integer."]} for index in (0, 1)}
+
+
+def test_a_bulk_enqueue_larger_than_one_statement_stores_every_job_in_order(jobs, store, household):
+    mine = household.household_id
+    count = enqueueing.BULK_MAX_ROWS * 2 + 1
+    requests = [JobRequest("succeed", {"value": n}, mine) for n in range(count)]
+    requests[count // 2] = JobRequest("succeed", {"value": count // 2}, mine, unique_key="k")
+
+    done = jobs.enqueue_many(requests, within_quota=False)
+
+    rows = sql.rows(store, "SELECT id, payload FROM jobs ORDER BY seq")
+    assert [row["id"] for row in rows] == [result.job_id for result in done]
+    assert [json.loads(row["payload"])["value"] for row in rows] == list(range(count))
+
+
+def test_a_bulk_insert_is_cut_into_statements_by_rows_payload_and_keys():
+    def job(payload: str, key: str | None = None) -> enqueueing.NewJob:
+        return enqueueing.NewJob(
+            job_id=enqueueing.new_job_id(),
+            household_id=1,
+            kind="succeed",
+            payload=payload,
+            max_attempts=1,
+            on_interrupt=OnInterrupt.FAIL,
+            unique_key=key,
+        )
+
+    jobs = [job("a" * 4), job("b" * 4), job("c" * 4), job("k", key="k"), job("d" * 30)]
+    jobs += [job("e" * 2) for _ in range(5)]
+
+    runs = list(enqueueing.runs(jobs, max_rows=3, max_payload_chars=10))
+
+    assert [[len(item.payload) for item in run] for run in runs] == [
+        [4, 4],  # a third would pass 10 characters
+        [4],
+        [1],  # a keyed job goes alone
+        [30],  # a run's first job, whatever its size
+        [2, 2, 2],  # at most 3 rows
+        [2, 2],
+    ]
+    assert [item for run in runs for item in run] == jobs
 
 
 def test_job_ids_are_distinct_version_4_uuids():

@@ -1,11 +1,13 @@
-"""Turning requests for jobs into rows: validation first, then one insert each.
+"""Turning requests for jobs into rows: validation first, then the inserts.
 
 `prepare` checks everything a job needs before anything is written (its kind,
 its payload against the kind's schema, when it runs, its priority, its
-idempotency key), so that a bad request, or a bad item of a bulk enqueue,
-stores nothing. `insert` writes a prepared job inside an open transaction,
-through the driver's statements; with an idempotency key, the driver's unique
-index decides which of two concurrent inserts makes the job.
+idempotency key), so that a bad request stores nothing; `prepare_all` does
+the same for a bulk enqueue, every item before any is written. `insert`
+writes a prepared job inside an open transaction, through the driver's
+statements; with an idempotency key, the driver's unique index decides which
+of two concurrent inserts makes the job. `insert_all` writes a bulk
+enqueue's, each run of jobs without a key by one statement.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import ModuleType
@@ -31,6 +33,13 @@ IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 # 1 to 255 visible ASCII characters (no space, no control character).
 UNIQUE_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 UNIQUE_KEY_RULE = "must be 1 to 255 visible ASCII characters"
+# The longest delay (100 years): a due time far past it overflows a date.
+MAX_DELAY_SECONDS = 100 * 365 * 24 * 60 * 60
+# A bulk insert's rows travel as one value (SQLite's JSON text, PostgreSQL's
+# array of each column), which each database caps at 1 GB: a run of jobs goes
+# in statements of at most this many rows and about this much payload.
+BULK_MAX_ROWS = 5_000
+BULK_MAX_PAYLOAD_CHARS = 64 * 2**20
 
 
 # A version 4 UUID's fixed bits: the version (4) and the variant (RFC 4122).
@@ -166,14 +175,18 @@ def _option_errors(request: JobRequest) -> dict[str, list[str]]:
     """What is wrong with a request's options (all but its payload), by field."""
     run_at, delay, priority = request.run_at, request.delay, request.priority
     errors: dict[str, list[str]] = {}
+    if isinstance(request.household_id, bool) or not isinstance(request.household_id, int):
+        errors["household_id"] = ["must be an integer"]
     if run_at is not None and delay is not None:
         errors["run_at"] = ["give run_at or delay, not both"]
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         errors["run_at"] = ["must be a timezone-aware datetime"]
     if delay is not None and (
-        isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+        isinstance(delay, bool)
+        or not isinstance(delay, int | float)
+        or not 0 <= delay <= MAX_DELAY_SECONDS
     ):
-        errors["delay"] = ["must be a number of seconds, 0 or more"]
+        errors["delay"] = [f"must be a number of seconds from 0 to {MAX_DELAY_SECONDS:,}"]
     if (
         isinstance(priority, bool)
         or not isinstance(priority, int)
@@ -224,30 +237,44 @@ def insert_arguments(job: NewJob) -> dict[str, Any]:
 def insert_all(tx: Any, jobs: ModuleType, new_jobs: Sequence[NewJob]) -> list[Enqueued]:
     """Insert prepared jobs in their order, as `insert` does each: the jobs
     without an idempotency key that come one after another go in one
-    `insert_jobs` call, since nothing about them can answer otherwise than
-    "created"."""
+    `insert_jobs` call (a run at a time, see `runs`), since nothing about
+    them can answer otherwise than "created"."""
     done: list[Enqueued] = []
-    keyless: list[NewJob] = []
-
-    def insert_keyless() -> None:
-        if len(keyless) == 1:
-            # One row: a plain statement (psycopg runs executemany as a pipeline).
-            done.append(insert(tx, jobs, keyless[0]))
+    for run in runs(new_jobs):
+        if len(run) == 1:
+            # One row: the plain statement, without the bulk one's JSON or arrays.
+            done.append(insert(tx, jobs, run[0]))
         else:
-            jobs.insert_jobs(tx, [insert_arguments(job) for job in keyless])
-            done.extend(Enqueued(job.job_id) for job in keyless)
-        keyless.clear()
-
-    for job in new_jobs:
-        if job.unique_key is None:
-            keyless.append(job)
-            continue
-        if keyless:
-            insert_keyless()
-        done.append(insert(tx, jobs, job))
-    if keyless:
-        insert_keyless()
+            jobs.insert_jobs(tx, [insert_arguments(job) for job in run])
+            done.extend(Enqueued(job.job_id) for job in run)
     return done
+
+
+def runs(
+    new_jobs: Sequence[NewJob],
+    *,
+    max_rows: int = BULK_MAX_ROWS,
+    max_payload_chars: int = BULK_MAX_PAYLOAD_CHARS,
+) -> Iterator[list[NewJob]]:
+    """`new_jobs` in order, cut into what one statement each inserts: a job
+    with an idempotency key alone (its key's holder may answer for it);
+    consecutive jobs without one together, up to `max_rows` of them and
+    about `max_payload_chars` of payload (a run's first job whatever its
+    size)."""
+    run: list[NewJob] = []
+    size = 0
+    for job in new_jobs:
+        keyed = job.unique_key is not None
+        if run and (keyed or len(run) == max_rows or size + len(job.payload) > max_payload_chars):
+            yield run
+            run, size = [], 0
+        if keyed:
+            yield [job]
+        else:
+            run.append(job)
+            size += len(job.payload)
+    if run:
+        yield run
 
 
 def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "raise") -> Enqueued:

@@ -103,6 +103,18 @@ def _schema(schema: Schema | type[Schema]) -> Schema:
     return instance
 
 
+def _has_collection_hooks(schema: Schema) -> bool:
+    """Whether one of the schema's hooks takes the whole collection
+    (`pass_collection=True`), which a `many=True` call would hand the list.
+    Read from marshmallow's table of the schema's hooks: a table of another
+    shape counts as having one."""
+    hooks = getattr(schema, "_hooks", None)
+    try:
+        return any(collection for entries in hooks.values() for _, collection, _ in entries)
+    except (AttributeError, TypeError, ValueError):
+        return True
+
+
 # One encoder for every call: `json.dumps` with options builds one per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True, allow_nan=False)
 
@@ -125,11 +137,33 @@ class Kind:
         return encode(self.payload_schema.dump(self.payload_schema.load(payload)))
 
     def canonical_payloads(self, payloads: Sequence[Mapping[str, Any]]) -> list[str]:
-        """`canonical_payload` of each, by one load and one dump of them all
-        (`many=True`: a hook declared `pass_many=True` gets the list);
-        ValidationError with each bad payload's errors under its position."""
+        """`canonical_payload` of each; ValidationError with each bad payload's
+        errors under its position, as `canonical_payload` gives them.
+
+        By one load and one dump of them all (marshmallow's `many=True`: its
+        cost per call is most of a small payload's validation) when that
+        answers as one at a time would: the schema has no hook that takes the
+        whole collection, and every payload is valid. Otherwise one at a time:
+        with `many=True`, one payload's field error skips the schema's
+        validators for all, and a hook's error has no position."""
         schema = self.payload_schema
-        return [encode(data) for data in schema.dump(schema.load(payloads, many=True), many=True)]
+        if not _has_collection_hooks(schema):
+            try:
+                loaded = schema.load(payloads, many=True)
+            except ValidationError:
+                pass
+            else:
+                return [encode(data) for data in schema.dump(loaded, many=True)]
+        texts: list[str] = []
+        errors: dict[int, Any] = {}
+        for position, payload in enumerate(payloads):
+            try:
+                texts.append(self.canonical_payload(payload))
+            except ValidationError as error:
+                errors[position] = error.normalized_messages()
+        if errors:
+            raise ValidationError(errors)
+        return texts
 
     def load_payload(self, stored: str) -> Any:
         return self.payload_schema.load(json.loads(stored))

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 import gevent
-from marshmallow import Schema, fields
+from marshmallow import Schema, ValidationError, fields, post_load, pre_load, validates_schema
 
 from mealquest.jobs.model import Failure
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
@@ -200,11 +200,45 @@ def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"value": "not a number"}
 
 
+class RangeSchema(Schema):
+    """A payload checked before its fields are read, and as a whole after."""
+
+    low = fields.Integer(required=True, strict=True)
+    high = fields.Integer(required=True, strict=True)
+
+    @pre_load
+    def refuse_thirteen(self, data: Any, **kwargs: Any) -> Any:
+        if isinstance(data, dict) and data.get("low") == 13:
+            raise ValidationError("13 is refused before the fields are read")
+        return data
+
+    @validates_schema
+    def low_below_high(self, data: dict[str, Any], **kwargs: Any) -> None:
+        if data["low"] >= data["high"]:
+            raise ValidationError("must be above low", "high")
+
+
+class OneAtATimeSchema(Schema):
+    """A hook that takes the whole collection, written for one payload at a time."""
+
+    value = fields.Integer(required=True, strict=True)
+
+    @post_load(pass_collection=True)
+    def copy(self, data: dict[str, Any], many: bool, **kwargs: Any) -> dict[str, Any]:
+        return {"value": data["value"]}
+
+
+def accept(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return {}
+
+
 FAST_RETRY = Backoff(base_seconds=0.01, factor=2.0, max_seconds=0.05, jitter=0.0)
 
 
 def register_test_kinds(registry: Registry) -> None:
     registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
+    registry.register("range", accept, payload=RangeSchema, result=EmptySchema)
+    registry.register("one_at_a_time", accept, payload=OneAtATimeSchema, result=EmptySchema)
     registry.register(
         "fail_with_failure", fail_with_failure, payload=MessageSchema, result=EmptySchema
     )

@@ -184,8 +184,7 @@ def insert_jobs(tx: PostgresTransaction, jobs: Sequence[Mapping[str, Any]]) -> N
     """Queue jobs that hold no idempotency key, each as `insert_job` would
     (each mapping holds its arguments), in their order, by one statement
     over arrays of their values. An `executemany`, pipelined, still ran the
-    statement and its triggers a row at a time: 1,000 rows took about 250
-    ms."""
+    statement once a row: 1,000 rows took about 258 ms, against 149."""
     if any(values.get("unique_key") is not None for values in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     if not jobs:

@@ -91,11 +91,6 @@ class PostgresTransaction:
     def execute(self, sql: str, params: Any = None) -> psycopg.Cursor[dict[str, Any]]:
         return self.conn.execute(sql, params)
 
-    def executemany(self, sql: str, rows: Any) -> psycopg.Cursor[dict[str, Any]]:
-        cursor = self.conn.cursor()
-        cursor.executemany(sql, rows)
-        return cursor
-
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.after_commit_callbacks.append(callback)
 

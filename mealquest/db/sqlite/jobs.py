@@ -44,18 +44,29 @@ _COLUMNS = (
 
 # The columns an insert sets, in the order of `_insert_row`'s values.
 _INSERTED = (
-    "id, household_id, kind, payload, max_attempts, on_interrupt, priority, unique_key, "
-    "unique_digest, run_at, created_at, updated_at"
+    "id",
+    "household_id",
+    "kind",
+    "payload",
+    "max_attempts",
+    "on_interrupt",
+    "priority",
+    "unique_key",
+    "unique_digest",
+    "run_at",
+    "created_at",
+    "updated_at",
 )
 _INSERT = (
-    f"INSERT INTO jobs (status, {_INSERTED}) VALUES ('queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    f"INSERT INTO jobs (status, {', '.join(_INSERTED)}) "
+    f"VALUES ('queued', {', '.join('?' * len(_INSERTED))}) "
     "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING"
 )
 # The same rows, each an array of `_insert_row`'s values, from one JSON array
 # (`key` is an item's index there).
 _INSERT_FROM_JSON = (
-    f"INSERT INTO jobs (status, {_INSERTED}) SELECT 'queued', "
-    + ", ".join(f"json_extract(value, '$[{index}]')" for index in range(len(_INSERTED.split(","))))
+    f"INSERT INTO jobs (status, {', '.join(_INSERTED)}) SELECT 'queued', "
+    + ", ".join(f"json_extract(value, '$[{index}]')" for index in range(len(_INSERTED)))
     + " FROM json_each(?) ORDER BY key"
 )
 
@@ -118,6 +129,8 @@ def insert_jobs(tx: Transaction, jobs: Sequence[Mapping[str, Any]]) -> None:
     for one statement over them all."""
     if any(values.get("unique_key") is not None for values in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
+    if not jobs:
+        return
     moment = _moment(None)
     now = to_text(moment)
     rows = [_insert_row(moment, now, **values) for values in jobs]
