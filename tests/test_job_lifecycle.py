@@ -496,6 +496,19 @@ def test_flask_jobs_enqueue_refuses_an_unknown_household(runner, store):
 # -- bulk enqueue ----------------------------------------------------------------------------
 
 
+def enqueue_alone(jobs, request: JobRequest) -> str:
+    """`request` by one `enqueue`, to compare with `enqueue_many`."""
+    return jobs.enqueue(
+        request.kind,
+        request.payload,
+        household_id=request.household_id,
+        run_at=request.run_at,
+        delay=request.delay,
+        priority=request.priority,
+        unique_key=request.unique_key,
+    )
+
+
 def test_enqueue_many_is_one_transaction_all_or_nothing(jobs, store, household):
     mine = household.household_id
     good = JobRequest("succeed", {"value": 1}, mine)
@@ -563,14 +576,7 @@ def test_a_bulk_enqueue_stores_each_row_as_a_single_enqueue_stores_it(jobs, stor
         JobRequest("fail_with_failure", {"message": 'é \u2603 say "hi"\n'}, mine),
     ]
     for request in requests:
-        jobs.enqueue(
-            request.kind,
-            request.payload,
-            household_id=mine,
-            run_at=request.run_at,
-            delay=request.delay,
-            priority=request.priority,
-        )
+        enqueue_alone(jobs, request)
     jobs.enqueue_many(requests)
 
     typed = (
@@ -620,13 +626,7 @@ def test_a_bulk_enqueue_names_each_bad_request_by_its_index_as_one_enqueue_would
     alone = {}
     for index, request in enumerate(requests):
         try:
-            jobs.enqueue(
-                request.kind,
-                request.payload,
-                household_id=mine,
-                priority=request.priority,
-                unique_key=request.unique_key,
-            )
+            enqueue_alone(jobs, request)
         except ValidationError as error:
             alone[index] = error.messages
     assert sorted(alone) == [1, 2, 4, 5, 6, 7, 10, 11, 12]
