@@ -134,9 +134,8 @@ def prepare_all(registry: Registry, requests: Sequence[JobRequest]) -> list[NewJ
     UnknownKind, or ValidationError with each bad request's errors under its
     index (`{2: {"value": [...]}}`).
 
-    The payloads of one kind are validated by one call of its schema over
-    them all: for a small payload, marshmallow's cost per call is most of
-    its validation."""
+    The payloads of one kind are validated together (`Kind.canonical_payloads`:
+    by one call of its schema when that answers as one call each would)."""
     kinds = [_kind(registry, request.kind) for request in requests]
     errors: dict[int, Any] = {}
     batches: dict[str, list[int]] = {}
