@@ -649,10 +649,14 @@ def test_a_bulk_enqueue_of_a_kind_whose_hook_takes_the_collection_works_as_one_a
 
 
 def test_a_bulk_enqueue_larger_than_one_statement_stores_every_job_in_order(jobs, store, household):
+    # One job alone, a keyed one, a run of the most one statement takes, and
+    # the one past it.
     mine = household.household_id
-    count = enqueueing.BULK_MAX_ROWS * 2 + 1
+    count = enqueueing.BULK_MAX_ROWS + 3
     requests = [JobRequest("succeed", {"value": n}, mine) for n in range(count)]
-    requests[count // 2] = JobRequest("succeed", {"value": count // 2}, mine, unique_key="k")
+    requests[1] = JobRequest("succeed", {"value": 1}, mine, unique_key="k")
+    prepared = enqueueing.prepare_all(jobs.registry, requests)
+    assert [len(run) for run in enqueueing.runs(prepared)] == [1, 1, enqueueing.BULK_MAX_ROWS, 1]
 
     done = jobs.enqueue_many(requests, within_quota=False)
 
