@@ -152,31 +152,28 @@ def insert_job(tx: PostgresTransaction, **arguments: Any) -> bool:
     return True
 
 
-# `_INSERT` for many rows: each column's values as one array, the rows
-# inserted in the arrays' order.
+# `_INSERT` for many rows: each column's values as one array (`_insert_params`'
+# names and the arrays' types), the rows inserted in the arrays' order.
+_ARRAYS = (
+    ("id", "text"),
+    ("household_id", "bigint"),
+    ("kind", "text"),
+    ("payload", "text"),
+    ("max_attempts", "integer"),
+    ("on_interrupt", "text"),
+    ("priority", "smallint"),
+    ("run_at", "timestamptz"),
+    ("delay", "double precision"),
+)
 _INSERT_ARRAYS = (
     "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
     "priority, run_at, created_at, updated_at) "
     "SELECT r.id, r.household_id, r.kind, r.payload, 'queued', r.max_attempts, r.on_interrupt, "
     "r.priority, coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay, 0))), "
     "now(), now() "
-    "FROM unnest(%(id)s::text[], %(household_id)s::bigint[], %(kind)s::text[], "
-    "%(payload)s::text[], %(max_attempts)s::integer[], %(on_interrupt)s::text[], "
-    "%(priority)s::smallint[], %(run_at)s::timestamptz[], %(delay)s::double precision[]) "
-    "WITH ORDINALITY AS r(id, household_id, kind, payload, max_attempts, on_interrupt, "
-    "priority, run_at, delay, position) "
+    f"FROM unnest({', '.join(f'%({name})s::{kind}[]' for name, kind in _ARRAYS)}) "
+    f"WITH ORDINALITY AS r({', '.join(name for name, _ in _ARRAYS)}, position) "
     "ORDER BY r.position"
-)
-_ARRAY_COLUMNS = (
-    "id",
-    "household_id",
-    "kind",
-    "payload",
-    "max_attempts",
-    "on_interrupt",
-    "priority",
-    "run_at",
-    "delay",
 )
 
 
@@ -190,7 +187,7 @@ def insert_jobs(tx: PostgresTransaction, jobs: Sequence[Mapping[str, Any]]) -> N
     if not jobs:
         return
     rows = [_insert_params(**values) for values in jobs]
-    tx.execute(_INSERT_ARRAYS, {column: [row[column] for row in rows] for column in _ARRAY_COLUMNS})
+    tx.execute(_INSERT_ARRAYS, {name: [row[name] for row in rows] for name, _ in _ARRAYS})
     notify_enqueued(tx)
 
 
