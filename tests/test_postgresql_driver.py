@@ -27,7 +27,6 @@ from mealquest.jobs.model import (
     OnInterrupt,
     Recovered,
     Status,
-    Transition,
 )
 from mealquest.recipes.parse import ParsedRecipe
 from tests.support.postgres import fresh_database, require_postgres_url
@@ -364,94 +363,6 @@ def test_a_refund_puts_the_job_back_as_if_it_never_started(store, household):
     back = get(store, job.id)
     assert (back.status, back.attempt, back.run_at) == (Status.QUEUED, 0, job.run_at)
     assert [again.attempt for again in claim(store)] == [1]
-
-
-def _row_after(store, job_id):
-    """What a transition leaves of a job, without the times that differ per statement."""
-    job = get(store, job_id)
-    return (
-        job.status,
-        job.result,
-        job.error,
-        job.attempt,
-        job.interruptions,
-        job.finished_at is not None,
-        job.lease_owner,
-        job.lease_expires_at is not None,
-    )
-
-
-def test_a_batch_of_transitions_ends_each_job_as_its_own_transition_does(store, household):
-    """One statement for the completer's batch: every kind of outcome in it,
-    a stale lease among them, matches `transition` job by job."""
-    changes = [
-        {"to": Status.SUCCEEDED, "result": '{"ok": 1}'},
-        {"to": Status.FAILED, "error": "no recipe found"},
-        {"to": Status.CANCELLED},
-        {"to": Status.QUEUED, "delay_seconds": 600},
-        {"to": Status.QUEUED},
-        {"to": Status.QUEUED, "attempt": Attempt.REFUND},
-        {"to": Status.QUEUED, "cancel": True},
-        {"to": Status.QUEUED, "attempt": Attempt.REFUND, "cancel": True},
-        {"to": Status.SUCCEEDED, "result": "{}", "stale": True},
-    ]
-
-    def run(batch: bool) -> list[tuple]:
-        for _ in changes:
-            enqueue(store, household, max_attempts=3)
-        claimed = claim(store, limit=len(changes))
-        assert len(claimed) == len(changes)
-        transitions = []
-        for job, change in zip(claimed, changes, strict=True):
-            store.write(jobs.publish, job.lease, result='{"partial": true}')
-            if change.get("cancel"):
-                store.write(jobs.cancel_job, job.id)
-            lease = Lease(job.id, "someone-else", job.attempt) if change.get("stale") else job.lease
-            options = {k: v for k, v in change.items() if k not in ("cancel", "stale")}
-            transitions.append(Transition(lease, **options))
-        if batch:
-            matched = store.write(jobs.transition_many, transitions)
-        else:
-            matched = [
-                store.write(
-                    jobs.transition,
-                    change.lease,
-                    to=change.to,
-                    attempt=change.attempt,
-                    result=change.result,
-                    error=change.error,
-                    delay_seconds=change.delay_seconds,
-                )
-                for change in transitions
-            ]
-        assert matched == [not change.get("stale") for change in changes]
-        rows = [
-            (_row_after(store, job.id), get(store, job.id).run_at > job.run_at) for job in claimed
-        ]
-        store.write(lambda tx: tx.execute("DELETE FROM jobs"))
-        return rows
-
-    one_by_one = run(batch=False)
-    assert run(batch=True) == one_by_one
-    # The retry with a delay moved its time; nothing else did.
-    assert [moved for _, moved in one_by_one] == [i == 3 for i in range(len(changes))]
-    assert [row[0] for row, _ in one_by_one] == [
-        Status.SUCCEEDED,
-        Status.FAILED,
-        Status.CANCELLED,
-        Status.QUEUED,
-        Status.QUEUED,
-        Status.QUEUED,
-        Status.CANCELLED,
-        Status.CANCELLED,
-        Status.RUNNING,
-    ]
-    assert store.write(jobs.transition_many, []) == []
-    with pytest.raises(ValueError, match="no transition"):
-        store.write(
-            jobs.transition_many,
-            [Transition(Lease("x", "y", 1), to=Status.SUCCEEDED, attempt=Attempt.REFUND)] * 2,
-        )
 
 
 def test_a_refund_only_goes_back_to_the_queue(store, household):

@@ -16,7 +16,7 @@ from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, TooManyJobs, UnknownKind
 from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import Lease, OnInterrupt, Recovered, Status
+from mealquest.jobs.model import Attempt, Lease, OnInterrupt, Recovered, Status, Transition
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner import Pool, PoolSettings
 from tests.conftest import wait_for
@@ -510,6 +510,113 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     assert not store.write(store.jobs.publish, stale, result="{}")
     assert store.write(store.jobs.renew_leases, [stale], lease_seconds=30) == set()
     assert jobs.get(once).error == "interrupted by restart"
+
+
+def _row_after(jobs, job_id):
+    """What a transition leaves of a job, without the times that differ per statement."""
+    job = jobs.get(job_id)
+    return (
+        job.status,
+        job.result,
+        job.error,
+        job.attempt,
+        job.interruptions,
+        job.finished_at is not None,
+        job.lease_owner,
+        job.lease_expires_at is not None,
+    )
+
+
+def test_a_batch_of_transitions_ends_each_job_as_its_own_transition_does(jobs, store, household):
+    """One statement for the completer's batch: every kind of outcome in it,
+    a stale lease among them, matches `transition` job by job."""
+    changes = [
+        {"to": Status.SUCCEEDED, "result": '{"ok": 1}'},
+        {"to": Status.FAILED, "error": "no recipe found"},
+        {"to": Status.CANCELLED},
+        {"to": Status.QUEUED, "delay_seconds": 600},
+        {"to": Status.QUEUED},
+        {"to": Status.QUEUED, "attempt": Attempt.REFUND},
+        {"to": Status.QUEUED, "cancel": True},
+        {"to": Status.QUEUED, "attempt": Attempt.REFUND, "cancel": True},
+        {"to": Status.SUCCEEDED, "result": "{}", "stale": True},
+    ]
+
+    def run(batch: bool) -> list[tuple]:
+        for _ in changes:
+            jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+        claimed = claim(store, owner="worker-1", limit=len(changes))
+        assert len(claimed) == len(changes)
+        transitions = []
+        for job, change in zip(claimed, changes, strict=True):
+            store.write(store.jobs.publish, job.lease, result='{"partial": true}')
+            if change.get("cancel"):
+                store.write(store.jobs.cancel_job, job.id)
+            lease = Lease(job.id, "someone-else", job.attempt) if change.get("stale") else job.lease
+            options = {k: v for k, v in change.items() if k not in ("cancel", "stale")}
+            transitions.append(Transition(lease, **options))
+        if batch:
+            matched = store.write(store.jobs.transition_many, transitions)
+        else:
+            matched = [
+                store.write(
+                    store.jobs.transition,
+                    change.lease,
+                    to=change.to,
+                    attempt=change.attempt,
+                    result=change.result,
+                    error=change.error,
+                    delay_seconds=change.delay_seconds,
+                )
+                for change in transitions
+            ]
+        assert matched == [not change.get("stale") for change in changes]
+        rows = [(_row_after(jobs, job.id), jobs.get(job.id).run_at > job.run_at) for job in claimed]
+        store.write(lambda tx: tx.execute("DELETE FROM jobs"))
+        return rows
+
+    one_by_one = run(batch=False)
+    assert run(batch=True) == one_by_one
+    # The retry with a delay moved its time; nothing else did.
+    assert [moved for _, moved in one_by_one] == [i == 3 for i in range(len(changes))]
+    assert [row[0] for row, _ in one_by_one] == [
+        Status.SUCCEEDED,
+        Status.FAILED,
+        Status.CANCELLED,
+        Status.QUEUED,
+        Status.QUEUED,
+        Status.QUEUED,
+        Status.CANCELLED,
+        Status.CANCELLED,
+        Status.RUNNING,
+    ]
+    assert store.write(store.jobs.transition_many, []) == []
+    with pytest.raises(ValueError, match="no transition"):
+        store.write(
+            store.jobs.transition_many,
+            [Transition(Lease("x", "y", 1), to=Status.SUCCEEDED, attempt=Attempt.REFUND)] * 2,
+        )
+
+
+def test_a_batch_naming_a_job_twice_matches_only_the_lease_it_holds(jobs, store, household):
+    """A stale lease of a job beside the job's current lease, in one batch:
+    only the current one is recorded, wherever the stale one stands."""
+    for order in ("stale first", "stale last"):
+        for _ in range(2):
+            jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+        twice, other = claim(store, owner="worker-1", limit=2)
+        stale = Transition(Lease(twice.id, "someone-else", twice.attempt), to=Status.SUCCEEDED)
+        current = Transition(twice.lease, to=Status.FAILED, error="no recipe found")
+        batch = [stale, current] if order == "stale first" else [current, stale]
+        batch.append(Transition(other.lease, to=Status.SUCCEEDED, result="{}"))
+        matched = store.write(store.jobs.transition_many, batch)
+        assert matched == [change is not stale for change in batch], order
+        assert (jobs.get(twice.id).status, jobs.get(twice.id).error) == (
+            Status.FAILED,
+            "no recipe found",
+        )
+        assert jobs.get(other.id).status is Status.SUCCEEDED
+        store.write(lambda tx: tx.execute("DELETE FROM jobs"))
 
 
 def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(

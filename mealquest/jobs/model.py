@@ -122,6 +122,17 @@ class Transition:
     delay_seconds: float | None = None
 
 
+# Where a running job may go through its own worker's fenced write.
+_LEAVING_RUNNING = frozenset((Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.QUEUED))
+
+
+def check_transition(to: Status, attempt: Attempt) -> None:
+    """ValueError unless a running job may move to `to` spending or refunding
+    its attempt (a refunded attempt only goes back to the queue)."""
+    if to not in _LEAVING_RUNNING or (attempt is Attempt.REFUND and to is not Status.QUEUED):
+        raise ValueError(f"no transition from running to {to} with {attempt}")
+
+
 @dataclass(frozen=True)
 class Job:
     """A job row as the runner and the API read it."""

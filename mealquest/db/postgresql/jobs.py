@@ -38,6 +38,7 @@ from mealquest.jobs.model import (
     Recovered,
     Status,
     Transition,
+    check_transition,
 )
 
 _COLUMNS = (
@@ -526,8 +527,7 @@ def transition(
     queue. Either ends the job cancelled instead if a cancel was requested
     meanwhile.
     """
-    if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
-        raise ValueError(f"no transition from running to {to} with {attempt}")
+    check_transition(to, attempt)
     cursor = tx.execute(
         f"UPDATE jobs SET {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} WHERE {_FENCE}",
         {
@@ -565,7 +565,7 @@ _TRANSITION_MANY = (
     "%(delays)s::double precision[]) "
     "AS change(id, owner, attempt, status, refund, result, error, delay) "
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
-    "AND jobs.attempt = change.attempt RETURNING jobs.id, change.attempt"
+    "AND jobs.attempt = change.attempt RETURNING jobs.id, change.owner, change.attempt"
 )
 
 
@@ -576,10 +576,7 @@ def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) 
     batch rather than one per job (the fence is each row's own).
     """
     for change in transitions:
-        if change.to not in _TO or (
-            change.attempt is Attempt.REFUND and change.to is not Status.QUEUED
-        ):
-            raise ValueError(f"no transition from running to {change.to} with {change.attempt}")
+        check_transition(change.to, change.attempt)
     if not transitions:
         return []
     if len(transitions) == 1:
@@ -609,8 +606,9 @@ def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) 
             ],
         },
     ).fetchall()
-    moved = {(row["id"], row["attempt"]) for row in rows}
-    return [(change.lease.job_id, change.lease.attempt) in moved for change in transitions]
+    # By the whole lease: a stale lease of a job may stand beside its current one.
+    moved = {Lease(row["id"], row["owner"], row["attempt"]) for row in rows}
+    return [change.lease in moved for change in transitions]
 
 
 def renew_leases(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from mealquest.jobs.model import (
     Recovered,
     Status,
     Transition,
+    check_transition,
 )
 from mealquest.store import Transaction
 
@@ -442,8 +444,7 @@ def transition(
     started (`delay_seconds` None keeps its place in the queue). Either ends
     the job cancelled instead if a cancel was requested meanwhile.
     """
-    if to not in _TO or (attempt is Attempt.REFUND and to is not Status.QUEUED):
-        raise ValueError(f"no transition from running to {to} with {attempt}")
+    check_transition(to, attempt)
     moment = _moment(None)
     run_at = None if delay_seconds is None else _text(moment + timedelta(seconds=delay_seconds))
     cursor = tx.execute(
@@ -460,14 +461,77 @@ def transition(
     return cursor.rowcount == 1
 
 
-def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[bool]:
-    """`transition` for each, in order; whether each lease was still held.
+# `transition` for a batch, in one statement: each item of the JSON array
+# `changes` is [id, owner, attempt, status, refunded, result, error, run_at];
+# the columns are those `_TO` and `_ATTEMPT` set, chosen per row.
+_CHANGE_CANCELLING = "change.status = 'queued' AND jobs.cancel_requested_at IS NOT NULL"
+_TRANSITION_MANY = (
+    "UPDATE jobs SET "
+    f"status = CASE WHEN {_CHANGE_CANCELLING} THEN 'cancelled' ELSE change.status END, "
+    "result = CASE change.status WHEN 'succeeded' THEN change.result "
+    f"WHEN 'queued' THEN CASE WHEN {_CHANGE_CANCELLING} THEN jobs.result END "
+    "ELSE jobs.result END, "
+    "error = CASE WHEN change.status = 'failed' THEN change.error ELSE jobs.error END, "
+    "finished_at = CASE WHEN change.status <> 'queued' OR jobs.cancel_requested_at IS NOT NULL "
+    "THEN :now END, "
+    f"run_at = CASE WHEN change.status <> 'queued' OR {_CHANGE_CANCELLING} THEN jobs.run_at "
+    "ELSE COALESCE(change.run_at, jobs.run_at) END, "
+    "interruptions = CASE WHEN change.refunded THEN jobs.interruptions ELSE 0 END, "
+    "attempt = CASE WHEN change.refunded THEN jobs.attempt - 1 ELSE jobs.attempt END, "
+    f"{_CLEAR_LEASE} "
+    "FROM (SELECT "
+    + ", ".join(
+        f"json_extract(value, '$[{index}]') AS {name}"
+        for index, name in enumerate(
+            ("id", "owner", "attempt", "status", "refunded", "result", "error", "run_at")
+        )
+    )
+    + " FROM json_each(:changes)) AS change "
+    "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
+    "AND jobs.attempt = change.attempt RETURNING jobs.id"
+)
 
-    One statement each: SQLite runs them in this process, so a batch has no
-    round trips to save.
+
+def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[bool]:
+    """`transition` for each; whether each lease was still held.
+
+    One statement for the batch (measured: four outcomes and their BEGIN
+    took about 330 us, against 380 as four statements, which each paid a
+    call, a clock read and their parameters). SQLite's RETURNING names the
+    jobs moved but not the lease that moved each, so a job named more than
+    once (a stale lease of it beside its current one) is written lease by
+    lease, in order, as `transition` would.
     """
+    for change in transitions:
+        check_transition(change.to, change.attempt)
+    named = Counter(change.lease.job_id for change in transitions)
+    together = [change for change in transitions if named[change.lease.job_id] == 1]
+    moved: set[str] = set()
+    if len(together) > 1:
+        moment = _moment(None)
+        changes = [
+            (
+                change.lease.job_id,
+                change.lease.owner,
+                change.lease.attempt,
+                str(change.to),
+                change.attempt is Attempt.REFUND,
+                change.result,
+                change.error,
+                None
+                if change.delay_seconds is None
+                else _text(moment + timedelta(seconds=change.delay_seconds)),
+            )
+            for change in together
+        ]
+        rows = tx.execute(
+            _TRANSITION_MANY, {"now": _text(moment), "changes": json.dumps(changes)}
+        ).fetchall()
+        moved = {row["id"] for row in rows}
     return [
-        transition(
+        change.lease.job_id in moved
+        if named[change.lease.job_id] == 1 and len(together) > 1
+        else transition(
             tx,
             change.lease,
             to=change.to,
