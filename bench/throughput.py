@@ -9,12 +9,14 @@ stores an empty result. Times: enqueue (n single-job transactions), drain
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -136,8 +138,23 @@ def minimal_child(args: dict) -> dict:
     return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
 
 
+def thread_cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user and system) each thread of this process has used, by thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for tid in os.listdir("/proc/self/task"):
+        with suppress(FileNotFoundError):  # a thread that ended meanwhile
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            used[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return used
+
+
 def runner_child(args: dict) -> dict:
-    """Our runner: `JobService.enqueue` one job at a time, then one process's pool drains."""
+    """Our runner: `JobService.enqueue` one job at a time, then one process's pool drains.
+
+    Also the CPU each thread used during the drain: the main thread runs the
+    hub (every greenlet), the others are the store's writer (and gevent's
+    idle monitor)."""
     import gevent
 
     from bench.app import counter, create_bench_app
@@ -157,14 +174,23 @@ def runner_child(args: dict) -> dict:
     for _ in range(n):
         jobs.enqueue("noop", {}, household_id=household)
     enqueued = time.perf_counter()
+    before = thread_cpu_seconds()
     pool = jobs.start_pool()
     counter.done.wait()
     while store.read(lambda conn: conn.execute(ACTIVE).fetchone()[0]):
         gevent.sleep(0.001)
     drained = time.perf_counter()
+    after = thread_cpu_seconds()
     pool.stop(5)
     store.close()
-    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+    used = {tid: seconds - before.get(tid, 0.0) for tid, seconds in after.items()}
+    hub = used.pop(os.getpid(), 0.0)
+    return {
+        "enqueue_seconds": enqueued - started,
+        "drain_seconds": drained - enqueued,
+        "hub_cpu_seconds": hub,
+        "other_threads_cpu_seconds": sum(used.values()),
+    }
 
 
 def huey_child(args: dict) -> dict:

@@ -48,3 +48,35 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     # The printed table carries every figure too.
     for name in FIGURES:
         assert f"| {name} |" in completed.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_gil_measurement_runs_and_prints_a_row_per_switch_interval():
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.gil",
+            "--seconds",
+            "0.2",
+            "--jobs",
+            "20000",
+            "--intervals",
+            "0.005,0.0005",
+        ],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    rows = [line for line in completed.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| 5 ms", "| 0.5 ms"]
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
+        assert int(cells[1].replace(",", "")) > 0
+        assert cells[2].endswith("%")
+        assert cells[3].endswith("%")
+        assert float(cells[4]) > 0
