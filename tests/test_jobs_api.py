@@ -167,6 +167,77 @@ def test_unrouted_paths_under_the_api_need_a_token_first(client, auth, method, p
     assert authenticated.status_code in (404, 405)
 
 
+def test_a_job_read_back_is_the_dataclass_built_from_its_fields_in_every_state(
+    jobs, store, household
+):
+    """Rows become jobs without the dataclass's `__init__`: each must still be
+    the job `Job(...)` builds from the same fields (equal, alike, frozen)."""
+    import dataclasses
+
+    from mealquest.jobs.model import Job, Transition
+
+    mine = household.household_id
+    ids = [jobs.enqueue("succeed", {"value": n}, household_id=mine) for n in range(4)]
+    claimed = store.write(
+        store.jobs.claim, owner="w.1", lease_seconds=60, limit=3, kinds=["succeed"]
+    )
+    store.write(
+        store.jobs.transition_many,
+        [
+            Transition(claimed[0].lease, to=Status.SUCCEEDED, result='{"ok": [1, "two"]}'),
+            Transition(claimed[1].lease, to=Status.FAILED, error="no recipe found"),
+        ],
+    )
+    read = [jobs.get(job_id) for job_id in ids] + claimed
+    assert {job.status for job in read} == {
+        Status.SUCCEEDED,
+        Status.FAILED,
+        Status.RUNNING,
+        Status.QUEUED,
+    }
+    for job in read:
+        built = Job(**{field.name: getattr(job, field.name) for field in dataclasses.fields(Job)})
+        assert job == built
+        assert repr(job) == repr(built)
+        assert dataclasses.replace(job, attempt=9) == dataclasses.replace(built, attempt=9)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            job.attempt = 9  # type: ignore[misc]
+
+
+def test_a_row_without_a_jobs_columns_or_with_others_is_not_a_job():
+    from mealquest.jobs.model import Job
+
+    row = {
+        "id": "a" * 32,
+        "seq": 1,
+        "household_id": 2,
+        "kind": "succeed",
+        "payload": "{}",
+        "status": "queued",
+        "result": None,
+        "error": None,
+        "attempt": 0,
+        "max_attempts": 1,
+        "run_at": "2026-12-01T00:00:00.000000Z",
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "created_at": "2026-12-01T00:00:00.000000Z",
+        "updated_at": "2026-12-01T00:00:00.000000Z",
+        "started_at": None,
+        "finished_at": None,
+        "on_interrupt": "fail",
+        "interruptions": 0,
+    }
+    job = Job.from_row(row)
+    # The fields the row leaves out read as their defaults.
+    assert (job.priority, job.unique_key, job.result_undecodable) == (0, None, False)
+    assert Job.from_row({**row, "result": "not json"}).result_undecodable
+    with pytest.raises(TypeError, match="not a job row"):
+        Job.from_row({key: value for key, value in row.items() if key != "attempt"})
+    with pytest.raises(TypeError, match="not a job row"):
+        Job.from_row({**row, "token_household_id": 2})
+
+
 def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, store, household):
     """The job route writes its answer out by hand; it must stay `JobSchema`'s
     dump, field for field, whatever the job's state."""
