@@ -599,24 +599,74 @@ def test_a_batch_of_transitions_ends_each_job_as_its_own_transition_does(jobs, s
 
 
 def test_a_batch_naming_a_job_twice_matches_only_the_lease_it_holds(jobs, store, household):
-    """A stale lease of a job beside the job's current lease, in one batch:
-    only the current one is recorded, wherever the stale one stands."""
+    """A stale lease of a job beside the job's current lease, in one batch
+    with other jobs' outcomes: only the current one is recorded, wherever
+    the stale one stands."""
     for order in ("stale first", "stale last"):
-        for _ in range(2):
+        for _ in range(3):
             jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-        twice, other = claim(store, owner="worker-1", limit=2)
+        twice, *others = claim(store, owner="worker-1", limit=3)
         stale = Transition(Lease(twice.id, "someone-else", twice.attempt), to=Status.SUCCEEDED)
         current = Transition(twice.lease, to=Status.FAILED, error="no recipe found")
         batch = [stale, current] if order == "stale first" else [current, stale]
-        batch.append(Transition(other.lease, to=Status.SUCCEEDED, result="{}"))
+        batch[1:1] = [Transition(other.lease, to=Status.SUCCEEDED, result="{}") for other in others]
         matched = store.write(store.jobs.transition_many, batch)
         assert matched == [change is not stale for change in batch], order
         assert (jobs.get(twice.id).status, jobs.get(twice.id).error) == (
             Status.FAILED,
             "no recipe found",
         )
-        assert jobs.get(other.id).status is Status.SUCCEEDED
+        assert [jobs.get(other.id).status for other in others] == [Status.SUCCEEDED] * 2
         store.write(lambda tx: tx.execute("DELETE FROM jobs"))
+
+
+def test_a_batch_larger_than_one_statement_records_every_outcome(jobs, store, household):
+    from mealquest.jobs.service import JobRequest
+
+    # With the stale lease, the job named twice goes alone and 1,001 go
+    # together: past the rows one SQLite statement takes.
+    count = 1_002
+    jobs.enqueue_many(
+        [JobRequest("succeed", {"value": 1}, household_id=household.household_id)] * count,
+        within_quota=False,
+    )
+    claimed = claim(store, owner="worker-1", limit=count)
+    assert len(claimed) == count
+    batch = [Transition(job.lease, to=Status.SUCCEEDED, result="{}") for job in claimed]
+    stale = Transition(Lease(claimed[-1].id, "someone-else", 1), to=Status.SUCCEEDED)
+    assert store.write(store.jobs.transition_many, [*batch, stale]) == [True] * count + [False]
+    assert len(jobs.list_jobs(status=Status.SUCCEEDED, limit=count + 1)) == count
+
+
+@pytest.mark.sqlite_only  # PostgreSQL's text holds no NUL at all
+def test_a_batch_stores_any_error_text_as_one_transition_does(jobs, store, household):
+    for _ in range(3):
+        jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    first, second, third = claim(store, owner="worker-1", limit=3)
+    texts = ["nul\x00tail — ✓", "\x00"]
+    matched = store.write(
+        store.jobs.transition_many,
+        [
+            Transition(first.lease, to=Status.FAILED, error=texts[0]),
+            Transition(second.lease, to=Status.FAILED, error=texts[1]),
+        ],
+    )
+    assert matched == [True, True]
+    assert [jobs.get(job.id).error for job in (first, second)] == texts
+    # Text that is not Unicode fails the batch as it fails one transition: nothing written.
+    for write in (
+        lambda tx: store.jobs.transition(tx, third.lease, to=Status.FAILED, error="\udcff"),
+        lambda tx: store.jobs.transition_many(
+            tx,
+            [
+                Transition(third.lease, to=Status.FAILED, error="\udcff"),
+                Transition(first.lease, to=Status.SUCCEEDED, result="{}"),
+            ],
+        ),
+    ):
+        with pytest.raises(UnicodeEncodeError):
+            store.write(write)
+        assert jobs.get(third.id).status is Status.RUNNING
 
 
 def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
-from mealquest.db import claiming
+from mealquest.db import claiming, outcomes
 from mealquest.db.postgresql.notify import notify_enqueued
 from mealquest.db.postgresql.store import Executes, PostgresTransaction
 from mealquest.households import Household
@@ -565,33 +565,12 @@ _TRANSITION_MANY = (
     "%(delays)s::double precision[]) "
     "AS change(id, owner, attempt, status, refund, result, error, delay) "
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
-    "AND jobs.attempt = change.attempt RETURNING jobs.id, change.owner, change.attempt"
+    "AND jobs.attempt = change.attempt RETURNING jobs.id"
 )
 
 
-def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) -> list[bool]:
-    """`transition` for each, in one statement; whether each lease was still held.
-
-    The completer writes a batch of outcomes at once: one round trip for the
-    batch rather than one per job (the fence is each row's own).
-    """
-    for change in transitions:
-        check_transition(change.to, change.attempt)
-    if not transitions:
-        return []
-    if len(transitions) == 1:
-        change = transitions[0]
-        return [
-            transition(
-                tx,
-                change.lease,
-                to=change.to,
-                attempt=change.attempt,
-                result=change.result,
-                error=change.error,
-                delay_seconds=change.delay_seconds,
-            )
-        ]
+def _transition_together(tx: PostgresTransaction, transitions: list[Transition]) -> set[str]:
+    """The ids of the jobs the transitions (each naming another job) moved."""
     rows = tx.execute(
         _TRANSITION_MANY,
         {
@@ -606,9 +585,17 @@ def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) 
             ],
         },
     ).fetchall()
-    # By the whole lease: a stale lease of a job may stand beside its current one.
-    moved = {Lease(row["id"], row["owner"], row["attempt"]) for row in rows}
-    return [change.lease in moved for change in transitions]
+    return {row["id"] for row in rows}
+
+
+def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) -> list[bool]:
+    """`transition` for each; whether each lease was still held.
+
+    The completer writes a batch of outcomes at once: the jobs named once
+    by one statement (`mealquest.db.outcomes`), one round trip for the
+    batch rather than one per job (the fence is each row's own).
+    """
+    return outcomes.transition_many(tx, transitions, _transition_together, transition)
 
 
 def renew_leases(
