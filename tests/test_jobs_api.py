@@ -198,6 +198,7 @@ def test_a_job_read_back_is_the_dataclass_built_from_its_fields_in_every_state(
     for job in read:
         built = Job(**{field.name: getattr(job, field.name) for field in dataclasses.fields(Job)})
         assert job == built
+        assert vars(job) == vars(built)
         assert repr(job) == repr(built)
         assert dataclasses.replace(job, attempt=9) == dataclasses.replace(built, attempt=9)
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -232,8 +233,9 @@ def test_a_row_without_a_jobs_columns_or_with_others_is_not_a_job():
     # The fields the row leaves out read as their defaults.
     assert (job.priority, job.unique_key, job.result_undecodable) == (0, None, False)
     assert Job.from_row({**row, "result": "not json"}).result_undecodable
-    with pytest.raises(TypeError, match="not a job row"):
-        Job.from_row({key: value for key, value in row.items() if key != "attempt"})
+    for left_out in ("attempt", "status", "result"):
+        with pytest.raises(TypeError, match="not a job row"):
+            Job.from_row({key: value for key, value in row.items() if key != left_out})
     with pytest.raises(TypeError, match="not a job row"):
         Job.from_row({**row, "token_household_id": 2})
 

@@ -186,6 +186,8 @@ class Job:
         # By position: a `sqlite3.Row` looks a name up by comparing it with
         # each column's, so `dict(row)` of a wide row costs twice as much.
         values = dict(row) if isinstance(row, dict) else dict(zip(row.keys(), row, strict=True))
+        if not _JOB_COLUMNS_REQUIRED <= values.keys() <= _JOB_FIELDS.keys():
+            raise TypeError(f"not a job row: columns {sorted(values)}")
         values["status"] = Status(values["status"])
         values["on_interrupt"] = OnInterrupt(values["on_interrupt"])
         stored = values["result"]
@@ -195,15 +197,15 @@ class Job:
                 values["result"] = json.loads(stored)
             except (TypeError, ValueError):
                 values["result_undecodable"] = True
-        if not _JOB_FIELDS_WITHOUT_DEFAULT <= values.keys() <= _JOB_FIELDS:
-            raise TypeError(f"not a job row: columns {sorted(values)}")
         job = object.__new__(cls)
-        # A field the row leaves out reads as its default (the class's attribute).
+        # Every field, as `__init__` would set them: the defaults, then the row.
+        job.__dict__.update(_JOB_FIELDS)
         job.__dict__.update(values)
         return job
 
 
-_JOB_FIELDS = frozenset(field.name for field in fields(Job))
-_JOB_FIELDS_WITHOUT_DEFAULT = frozenset(
-    field.name for field in fields(Job) if field.default is MISSING
-)
+# Each field's default (None where it has none: the row must hold those).
+_JOB_FIELDS = {
+    field.name: None if field.default is MISSING else field.default for field in fields(Job)
+}
+_JOB_COLUMNS_REQUIRED = frozenset(field.name for field in fields(Job) if field.default is MISSING)
