@@ -19,10 +19,10 @@ This measures that on a migrated database holding N queued no-op jobs:
 * pure Python in the main thread for S seconds (a loop of small dict and
   string work: the interpreter, not a C call that releases the GIL);
 
-first each alone, then both at once, for each switch interval. A pair that
-overlapped fully would keep 100 % of both (2.00 cores); a pair that took
-turns keeps about 1.00 between them. It prints the table (see
-bench/README.md); absolute rates say something about this run only.
+first each alone (in the main thread), then both at once, for each switch
+interval. A pair that overlapped fully would keep 100 % of both (2.00
+cores); a pair that took turns keeps about 1.00 between them. Absolute
+rates say something about this run only.
 """
 
 from __future__ import annotations
@@ -73,15 +73,19 @@ class CompleterLoop:
 
     def __call__(self) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
-        recorded = jobs.transition_many(
-            self._tx,
-            [Transition(job.lease, to=Status.SUCCEEDED, result="{}") for job in self._claimed],
-        )
-        if not all(recorded):
-            raise RuntimeError("a claimed job was no longer leased")
-        self._claimed = jobs.claim(
-            self._tx, owner=_OWNER, lease_seconds=3600, limit=_BATCH, kinds=["noop"]
-        )
+        try:
+            recorded = jobs.transition_many(
+                self._tx,
+                [Transition(job.lease, to=Status.SUCCEEDED, result="{}") for job in self._claimed],
+            )
+            if not all(recorded):
+                raise RuntimeError("a claimed job was no longer leased")
+            self._claimed = jobs.claim(
+                self._tx, owner=_OWNER, lease_seconds=3600, limit=_BATCH, kinds=["noop"]
+            )
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
         self._conn.execute("COMMIT")
         if len(self._claimed) < _BATCH:
             raise RuntimeError("the queue ran out: give more --jobs")
@@ -97,19 +101,28 @@ def python_work() -> None:
         " ".join(f"{key}={value}" for key, value in record.items())
 
 
-def _repeat(work: Callable[[], None], stop: threading.Event, counts: list[int]) -> None:
+# How many times a work ran, or what it raised (which stops every other).
+Count = list[int | BaseException]
+
+
+def _repeat(work: Callable[[], None], stop: threading.Event, counts: Count) -> None:
     done = 0
-    while not stop.is_set():
-        work()
-        done += 1
-    counts.append(done)
+    try:
+        while not stop.is_set():
+            work()
+            done += 1
+    except BaseException as error:
+        stop.set()
+        counts.append(error)
+    else:
+        counts.append(done)
 
 
 def rates(seconds: float, *works: Callable[[], None]) -> list[float]:
     """Each `works` item run back to back in a thread of its own for `seconds`
     (the first in this thread): how many times a second each ran."""
     stop = threading.Event()
-    counts: list[list[int]] = [[] for _ in works]
+    counts: list[Count] = [[] for _ in works]
     threads = [
         threading.Thread(target=_repeat, args=(work, stop, count))
         for work, count in zip(works[1:], counts[1:], strict=True)
@@ -123,7 +136,13 @@ def rates(seconds: float, *works: Callable[[], None]) -> list[float]:
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
-    return [count[0] / elapsed for count in counts]
+    timer.cancel()
+    per_second = []
+    for (done,) in counts:
+        if isinstance(done, BaseException):
+            raise done
+        per_second.append(done / elapsed)
+    return per_second
 
 
 def run(seconds: float, count: int, intervals: tuple[float, ...]) -> list[dict[str, float]]:
