@@ -620,6 +620,16 @@ def test_a_batch_naming_a_job_twice_matches_only_the_lease_it_holds(jobs, store,
         store.write(lambda tx: tx.execute("DELETE FROM jobs"))
 
 
+def test_a_batch_naming_one_lease_twice_records_it_once(jobs, store, household):
+    for _ in range(3):
+        jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    twice, *others = claim(store, owner="worker-1", limit=3)
+    batch = [Transition(twice.lease, to=Status.SUCCEEDED, result="{}")] * 2
+    batch += [Transition(other.lease, to=Status.SUCCEEDED, result="{}") for other in others]
+    assert store.write(store.jobs.transition_many, batch) == [True, False, True, True]
+    assert {jobs.get(job.id).status for job in (twice, *others)} == {Status.SUCCEEDED}
+
+
 def test_a_batch_larger_than_one_statement_records_every_outcome(jobs, store, household):
     from mealquest.jobs.service import JobRequest
 

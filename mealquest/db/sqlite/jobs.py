@@ -6,9 +6,9 @@ Every write after the claim is fenced on the lease: the job must still be
 `running`, owned by this worker's boot id, at this attempt. A write that
 matches no row returns False and the caller treats the lease as lost. Every
 state change a worker makes goes through `transition` (or `transition_many`,
-the same for a batch); interruptions (a stop
-that cut a job short, or an expired lease) through `interrupt` and
-`rescue_expired`, which apply the row's `on_interrupt` policy in SQL.
+its batch); interruptions (a stop that cut a job short, or an expired lease)
+through `interrupt` and `rescue_expired`, which apply the row's
+`on_interrupt` policy in SQL.
 """
 
 from __future__ import annotations
@@ -463,10 +463,13 @@ def transition(
 
 # `transition` for a batch, in one statement: each row of `change` carries its
 # lease, target status, whether the attempt is refunded, and its result, error
-# and new run time; the columns are those `_TO` and `_ATTEMPT` set, chosen per row.
+# and new run time; the columns are those `_TO` and `_ATTEMPT` set, chosen per
+# row. Bound by position, `?1` the moment and the rows' values after it (by
+# name, each of a row's eight parameters was looked up: 50 us against 35 for
+# four rows, and growing with the square of the rows).
 _CHANGE_COLUMNS = ("id", "owner", "attempt", "status", "refunded", "result", "error", "run_at")
 _CHANGE_CANCELLING = "change.status = 'queued' AND jobs.cancel_requested_at IS NOT NULL"
-_TRANSITION_MANY_SET = (
+_TRANSITION_MANY_HEAD = (
     "UPDATE jobs SET "
     f"status = CASE WHEN {_CHANGE_CANCELLING} THEN 'cancelled' ELSE change.status END, "
     "result = CASE change.status WHEN 'succeeded' THEN change.result "
@@ -474,30 +477,30 @@ _TRANSITION_MANY_SET = (
     "ELSE jobs.result END, "
     "error = CASE WHEN change.status = 'failed' THEN change.error ELSE jobs.error END, "
     "finished_at = CASE WHEN change.status <> 'queued' OR jobs.cancel_requested_at IS NOT NULL "
-    "THEN :now END, "
+    "THEN ?1 END, "
     f"run_at = CASE WHEN change.status <> 'queued' OR {_CHANGE_CANCELLING} THEN jobs.run_at "
     "ELSE COALESCE(change.run_at, jobs.run_at) END, "
     "interruptions = CASE WHEN change.refunded THEN jobs.interruptions ELSE 0 END, "
     "attempt = CASE WHEN change.refunded THEN jobs.attempt - 1 ELSE jobs.attempt END, "
-    f"{_CLEAR_LEASE} FROM change "
+    f"{_CLEAR_LEASE.replace(':now', '?1')} FROM (SELECT "
+    + ", ".join(f"column{index} AS {name}" for index, name in enumerate(_CHANGE_COLUMNS, 1))
+    + " FROM (VALUES "
+)
+_TRANSITION_MANY_TAIL = (
+    ")) AS change "
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
     "AND jobs.attempt = change.attempt RETURNING jobs.id"
 )
-# Rows a statement takes at most: 8 values a row, where SQLite binds at most
-# 32,766 values a statement unless built to allow more.
+# Rows a statement takes at most: 8,001 values, well within the 32,766 SQLite
+# binds by default, and a statement text of about 40 kB.
 _TRANSITION_MANY_ROWS = 1_000
 
 
 @functools.lru_cache(maxsize=32)
-def _transition_many_statement(rows: int) -> tuple[str, tuple[tuple[str, ...], ...]]:
-    """The statement for `rows` changes, and each row's parameter names (one
-    text per batch size, so each stays in the connection's statement cache)."""
-    names = tuple(tuple(f"{column}{row}" for column in _CHANGE_COLUMNS) for row in range(rows))
-    values = ", ".join("(" + ", ".join(f":{name}" for name in row) + ")" for row in names)
-    statement = (
-        f"WITH change({', '.join(_CHANGE_COLUMNS)}) AS (VALUES {values}) {_TRANSITION_MANY_SET}"
-    )
-    return statement, names
+def _transition_many_statement(rows: int) -> str:
+    """The statement for `rows` changes (its text built once per batch size)."""
+    row = "(" + ", ".join("?" * len(_CHANGE_COLUMNS)) + ")"
+    return _TRANSITION_MANY_HEAD + ", ".join([row] * rows) + _TRANSITION_MANY_TAIL
 
 
 def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[str]:
@@ -506,10 +509,9 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
     moved: set[str] = set()
     for start in range(0, len(transitions), _TRANSITION_MANY_ROWS):
         chunk = transitions[start : start + _TRANSITION_MANY_ROWS]
-        statement, names = _transition_many_statement(len(chunk))
-        params: dict[str, object] = {"now": _text(moment)}
-        for row, change in zip(names, chunk, strict=True):
-            values = (
+        params: list[object] = [_text(moment)]
+        for change in chunk:
+            params += (
                 change.lease.job_id,
                 change.lease.owner,
                 change.lease.attempt,
@@ -521,7 +523,7 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
                 if change.delay_seconds is None
                 else _text(moment + timedelta(seconds=change.delay_seconds)),
             )
-            params.update(zip(row, values, strict=True))
+        statement = _transition_many_statement(len(chunk))
         moved.update(found["id"] for found in tx.execute(statement, params).fetchall())
     return moved
 
@@ -533,8 +535,9 @@ def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[
     measured: four outcomes and their BEGIN took about 300 us, against 360
     as four statements, which each paid a call, a clock read and their
     parameters). Its values are bound as `transition` binds them, so any
-    text is stored as it is. It writes the rows in an order of its own,
-    as PostgreSQL's does: the outcomes of one batch came at once.
+    text is stored as it is. The rows named once are written before those
+    named twice, whatever their order in the batch, and the row triggers
+    read the rows written so far: the outcomes of one batch came at once.
     """
     return outcomes.transition_many(tx, transitions, _transition_together, transition)
 
