@@ -146,6 +146,8 @@ def thread_cpu_seconds() -> dict[int, float]:
         with suppress(FileNotFoundError):  # a thread that ended meanwhile
             on_cpu = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0]
             used[int(tid)] = int(on_cpu) / 1e9
+    if os.getpid() not in used:
+        raise RuntimeError("this kernel gives no scheduler statistics for the main thread")
     return used
 
 
