@@ -129,6 +129,32 @@ def test_json_ld_page_imports_into_a_stored_recipe(start, pages, auth):
     assert "MealQuest" in pages.requests[0]["user-agent"]
 
 
+def test_text_neither_database_can_store_is_imported_replaced(start, pages, auth):
+    # A JSON "\\u0000" decodes to NUL (PostgreSQL's text refuses it) and a
+    # "\\udcff" to a lone surrogate (not UTF-8): the page still imports, with
+    # U+FFFD in their place, rather than failing every attempt's write.
+    app = start()
+    client = app.test_client()
+    page = recipe_page(
+        title="Soup\x00 of the \udcffday",
+        recipeIngredient=["4\x00tomatoes", "\udcff"],
+        author={"@type": "Person", "name": "Ann\ud83d"},
+    )
+    pages.page("/soup", page)
+
+    job = finished(client, auth, import_url(client, auth, pages.url("/soup")))
+
+    assert job["status"] == "succeeded", job
+    recipe = job["result"]["recipe"]
+    assert (recipe["title"], recipe["ingredients"], recipe["author"]) == (
+        "Soup\ufffd of the \ufffdday",
+        ["4\ufffdtomatoes", "\ufffd"],
+        "Ann\ufffd",
+    )
+    assert client.get(f"/api/v1/recipes/{recipe['id']}", headers=auth).get_json() == recipe
+    assert attempts(app, job["id"]) == 1
+
+
 def test_microdata_page_imports(start, pages, auth):
     app = start()
     client = app.test_client()

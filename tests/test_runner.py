@@ -238,6 +238,27 @@ def test_failure_message_is_stored(jobs, household):
     assert job.result is None
 
 
+def test_a_failure_message_neither_database_can_store_is_stored_replaced(jobs, household):
+    # NUL (PostgreSQL's text refuses it) and lone surrogates (not UTF-8): the
+    # attempt's outcome is still written, with U+FFFD in their place, rather
+    # than failing its write and leaving the job to its lease's expiry.
+    messages = {"nul\x00in the middle": "nul\ufffdin the middle", "\udcff\x00": "\ufffd\ufffd"}
+    ids = {
+        jobs.enqueue(
+            "fail_with_failure", {"message": message}, household_id=household.household_id
+        ): stored
+        for message, stored in messages.items()
+    }
+    plain = jobs.enqueue(
+        "fail_with_failure", {"message": "é ✓ 😀"}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    for job_id, stored in ids.items():
+        job = wait_for(lambda job_id=job_id: final(jobs, job_id))
+        assert (job.status, job.error, job.attempt) == (Status.FAILED, stored, 1)
+    assert wait_for(lambda: final(jobs, plain)).error == "é ✓ 😀"
+
+
 def test_other_errors_are_stored_as_internal_error_and_the_secret_stays_out(
     jobs, store, client, auth, household, mealquest_logs
 ):

@@ -43,6 +43,7 @@ from mealquest.jobs.model import (
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
 from mealquest.metrics import runs as job_metrics
+from mealquest.storable import storable_text
 from mealquest.store import Store, StoreUnavailable, Transaction
 
 if TYPE_CHECKING:
@@ -473,8 +474,11 @@ class Executor:
                 logger.warning("job timed out", extra=extra)
             return self._retry_or_fail(job, kind, MESSAGE_TIMED_OUT)
         if isinstance(ended, Failure):
-            logger.info("job failed: %s", ended.message, extra=extra)
-            return failed(ended.message)
+            # As stored: a message neither database could store would leave
+            # the job running until its lease expired.
+            message = storable_text(ended.message)
+            logger.info("job failed: %s", message, extra=extra)
+            return failed(message)
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
             logger.warning("job stopped by a storage fault; re-queued", extra=extra)

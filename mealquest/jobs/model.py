@@ -64,8 +64,9 @@ def message_no_handler(kind: str) -> str:
 class Failure(Exception):
     """A handler's failure whose message is safe to show the household.
 
-    It is stored as the job's error and never retried: raise it for what
-    another attempt cannot fix. Every other exception is stored as
+    It is stored as the job's error (a NUL or lone surrogate as U+FFFD,
+    see `mealquest.storable`) and never retried: raise it for what another
+    attempt cannot fix. Every other exception is stored as
     `internal error` (its text is only logged) and retried while attempts last.
     """
 

@@ -2,8 +2,9 @@
 
 recipe-scrapers reads JSON-LD and microdata (through extruct) and uses a
 site's own scraper where it has one. We never scrape HTML by hand. The
-values are then cut to the sizes the `recipes` table accepts, so that an
-odd page gives a shorter recipe rather than a failed write.
+values are then cut to the sizes the `recipes` table accepts, and made
+storable by both databases, so that an odd page gives a shorter recipe
+rather than a failed write.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from recipe_scrapers._exceptions import NoSchemaFoundInWildMode
 from w3lib.encoding import html_to_unicode
 
 from mealquest.recipes.fetch import Page
+from mealquest.storable import storable_text
 
 MAX_TITLE = 500
 MAX_ITEMS = 300
@@ -87,7 +89,7 @@ def _optional(getter: Callable[[], Any]) -> Any:
 def _text(value: Any, limit: int) -> str | None:
     if value is None:
         return None
-    text = " ".join(str(value).split())
+    text = " ".join(storable_text(str(value)).split())
     return text[:limit] or None
 
 
@@ -108,7 +110,7 @@ def _minutes(value: Any) -> int | None:
 def _image_url(value: Any, page_url: str) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
-    url = urljoin(page_url, value.strip())
+    url = urljoin(page_url, storable_text(value.strip()))
     if urlsplit(url).scheme not in ("http", "https") or len(url) > MAX_URL:
         return None
     return url
