@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import unicodedata
 from dataclasses import dataclass
 
 from mealquest.db.driver import Store
+from mealquest.storable import is_plain_name
 
 # The household periodic jobs (maintenance included) belong to, made by the
 # migrations. It never has a token, so no caller of the API is it, and the
@@ -21,8 +21,6 @@ from mealquest.db.driver import Store
 SYSTEM_HOUSEHOLD_ID = 0
 
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
-# Unicode control, format (e.g. bidi overrides), line and paragraph separators.
-_CONTROL = {"Cc", "Cf", "Zl", "Zp"}
 
 
 class HouseholdError(Exception):
@@ -65,9 +63,11 @@ def create_household(store: Store, name: str) -> IssuedToken:
     name = name.strip()
     if not 1 <= len(name) <= 200:
         raise HouseholdError("a household name has 1 to 200 characters")
-    if any(unicodedata.category(char) in _CONTROL for char in name):
+    if not is_plain_name(name):
         # A newline would forge lines of `flask households list` and of logs.
-        raise HouseholdError("a household name has no control characters")
+        raise HouseholdError(
+            "a household name has no control characters and no bytes that are not UTF-8"
+        )
     token = _new_token()
     household_id, token_id = store.write(
         store.households.create_household, name=name, token_sha256=token_digest(token)

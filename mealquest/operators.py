@@ -13,15 +13,13 @@ revokes it.
 from __future__ import annotations
 
 import secrets
-import unicodedata
 from dataclasses import dataclass
 
 from mealquest.db.driver import Store
 from mealquest.households import token_digest
+from mealquest.storable import is_plain_name
 
 TOKEN_PREFIX = "mqop_"  # noqa: S105 - a marker, not a secret
-# Unicode control, format (e.g. bidi overrides), line and paragraph separators.
-_CONTROL = {"Cc", "Cf", "Zl", "Zp"}
 
 
 class OperatorError(Exception):
@@ -61,9 +59,11 @@ def create_operator(store: Store, name: str) -> IssuedOperator:
     name = name.strip()
     if not 1 <= len(name) <= 200:
         raise OperatorError("an operator name has 1 to 200 characters")
-    if any(unicodedata.category(char) in _CONTROL for char in name):
+    if not is_plain_name(name):
         # A newline would forge lines of `flask operators list` and of logs.
-        raise OperatorError("an operator name has no control characters")
+        raise OperatorError(
+            "an operator name has no control characters and no bytes that are not UTF-8"
+        )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     operator_id = store.write(
         store.operators.insert_operator, name=name, token_sha256=token_digest(token)

@@ -1,4 +1,4 @@
-"""Text from outside the service made storable by both databases.
+"""Text from outside the service, made storable by both databases or refused.
 
 A handler's `Failure` message and a fetched page's text are whatever their
 authors made them. Two kinds of character in them would fail the write that
@@ -11,6 +11,7 @@ Unicode scalar values, so neither driver can encode them as UTF-8.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 REPLACEMENT = "\ufffd"
@@ -20,3 +21,16 @@ def storable_text(text: str) -> str:
     """`text` with each NUL and lone surrogate replaced by U+FFFD, the
     character Unicode reserves for what could not be represented."""
     return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+# Control and format characters (a bidi override among them), line and
+# paragraph separators, and lone surrogates.
+_NOT_IN_A_NAME = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def is_plain_name(name: str) -> bool:
+    """Whether `name` can name a household or an operator: nothing that
+    breaks or disguises a line of a listing or a log (a newline, a bidi
+    override), and no lone surrogate, which is how a command line's bytes
+    that are not UTF-8 arrive, and which no database stores."""
+    return not any(unicodedata.category(char) in _NOT_IN_A_NAME for char in name)

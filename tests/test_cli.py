@@ -101,8 +101,10 @@ def test_households_create_prints_a_working_token(runner, client):
         ("x" * 201, "1 to 200 characters"),
         ("The Smiths\n2  Forged  tokens=9", "no control characters"),
         ("bidi\u202eevil", "no control characters"),
+        # Bytes of the command line that are not UTF-8 arrive as lone surrogates.
+        ("Smiths\udcff", "no control characters and no bytes that are not UTF-8"),
     ],
-    ids=["empty", "blank", "too-long", "newline", "bidi-override"],
+    ids=["empty", "blank", "too-long", "newline", "bidi-override", "not-utf-8"],
 )
 def test_households_create_refuses_a_bad_name(runner, store, name, message):
     result = runner.invoke(args=["households", "create", name])

@@ -31,7 +31,10 @@ def test_operators_create_prints_a_token_shown_once_and_stored_as_a_digest(runne
     assert client.get("/metrics", headers=bearer(issued["token"])).status_code == 200
 
 
-@pytest.mark.parametrize(("name", "message"), [("", "1 to 200"), ("a\nb", "control characters")])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("", "1 to 200"), ("a\nb", "control characters"), ("Ada\udcff", "not UTF-8")],
+)
 def test_operators_create_refuses_a_bad_name(runner, store, name, message):
     result = runner.invoke(args=["operators", "create", name])
     assert result.exit_code == 1
