@@ -259,6 +259,20 @@ def test_a_failure_message_neither_database_can_store_is_stored_replaced(jobs, h
     assert wait_for(lambda: final(jobs, plain)).error == "é ✓ 😀"
 
 
+def test_a_failure_whose_message_is_not_text_fails_as_internal_error(
+    jobs, household, mealquest_logs
+):
+    job_id = jobs.enqueue("fail_with_number", {"value": 7}, household_id=household.household_id)
+    jobs.start_pool()
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "internal error", 1)
+    assert [
+        (record.levelno, record.getMessage())
+        for record in mealquest_logs
+        if getattr(record, "job_id", None) == job_id and record.levelno >= logging.ERROR
+    ] == [(logging.ERROR, "handler's Failure message is not text (int)")]
+
+
 def test_other_errors_are_stored_as_internal_error_and_the_secret_stays_out(
     jobs, store, client, auth, household, mealquest_logs
 ):

@@ -473,6 +473,11 @@ class Executor:
             else:
                 logger.warning("job timed out", extra=extra)
             return self._retry_or_fail(job, kind, MESSAGE_TIMED_OUT)
+        if isinstance(ended, Failure) and not isinstance(ended.message, str):
+            # A handler's bug, and not known to be safe to show.
+            kind_of = type(ended.message).__name__
+            logger.error("handler's Failure message is not text (%s)", kind_of, extra=extra)
+            return failed(MESSAGE_INTERNAL)
         if isinstance(ended, Failure):
             # As stored: a message neither database could store would leave
             # the job running until its lease expired.

@@ -80,6 +80,10 @@ def fail_with_failure(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
     raise Failure(payload["message"])
 
 
+def fail_with_number(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    raise Failure(payload["value"])  # type: ignore[arg-type] - a handler's bug, on purpose
+
+
 def raise_secret_error(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     raise RuntimeError(f"upstream answered 500 for https://api.example/?token={payload['secret']}")
 
@@ -242,6 +246,7 @@ def register_test_kinds(registry: Registry) -> None:
     registry.register(
         "fail_with_failure", fail_with_failure, payload=MessageSchema, result=EmptySchema
     )
+    registry.register("fail_with_number", fail_with_number, payload=ValueSchema, result=EmptySchema)
     registry.register(
         "raise_secret_error", raise_secret_error, payload=SecretSchema, result=EmptySchema
     )
