@@ -44,6 +44,18 @@ class GateSchema(Schema):
     gate = fields.String(required=True)
 
 
+# What a handler may raise that `except Exception` does not catch.
+BASE_EXCEPTIONS: dict[str, BaseException] = {
+    "SystemExit": SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "GreenletExit": gevent.GreenletExit(),
+}
+
+
+class NameSchema(Schema):
+    name = fields.String(required=True)
+
+
 class Latches:
     """In-process latches (gevent events) the hostile kinds wait on, and what
     happened to their handlers, in order."""
@@ -109,6 +121,9 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
     def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return {"value": "not a number"}
 
+    def raises(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        raise BASE_EXCEPTIONS[payload["name"]]
+
     register = service.registry.register
     retried = KindOptions(max_attempts=3, backoff=QUICK_RETRY)
     register("held", held, payload=GateSchema, result=EmptySchema, options=retried)
@@ -139,6 +154,7 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
     register(
         "bad_result_retried", bad_result, payload=EmptySchema, result=ValueSchema, options=retried
     )
+    register("raises", raises, payload=NameSchema, result=EmptySchema, options=retried)
 
 
 @pytest.fixture
@@ -423,6 +439,23 @@ def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, 
     job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
     assert (job.error, job.attempt, job.max_attempts) == ("internal error", 1, 3)
     assert "handler's result does not match its schema" in errors_about(logs, job_id)
+
+
+@pytest.mark.parametrize("name", sorted(BASE_EXCEPTIONS))
+def test_a_handler_raising_a_base_exception_fails_its_job_alone(hostile, household, latches, name):
+    # Out of a greenlet, gevent raises SystemExit and KeyboardInterrupt in the
+    # main greenlet (the process would stop, with every job it runs), and
+    # GreenletExit ends it quietly (the job would wait for its lease).
+    jobs = hostile()
+    held = enqueue(jobs, "held", household, gate="other")
+    raising = enqueue(jobs, "raises", household, name=name)
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(raising).status == Status.FAILED and jobs.get(raising))
+    assert (job.error, job.attempt) == ("internal error", 3)
+    assert jobs.get(held).status == Status.RUNNING
+    latches.open("other")
+    assert wait_for(lambda: jobs.get(held).status == Status.SUCCEEDED)
+    assert latches.seen("start", "other") == [("start", "other", 1)]
 
 
 # -- rows that do not decode ---------------------------------------------------------------------

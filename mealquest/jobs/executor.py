@@ -461,7 +461,14 @@ class Executor:
         timer.start()
         try:
             value = kind.handler(payload, context)
-        except (Exception, gevent.Timeout) as error:
+        except (LeaseLost, PoolStopping, JobCancelled):
+            raise  # the pool's own, thrown into the handler
+        except BaseException as error:
+            # Whatever else the handler raised is its own doing, SystemExit and
+            # KeyboardInterrupt included (a signal reaches the main greenlet,
+            # never a handler's): let out of the greenlet, gevent's hub would
+            # raise them in the main greenlet and stop the process, with every
+            # other job it runs.
             ended = error
         finally:
             timer.close()
