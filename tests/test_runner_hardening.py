@@ -20,13 +20,13 @@ from typing import Any
 import gevent
 import pytest
 from gevent.event import Event
-from marshmallow import Schema, fields
+from marshmallow import Schema, fields, post_load
 
 from mealquest import migrations
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs
 from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import MAX_INTERRUPTIONS, OnInterrupt, Recovered, Status
+from mealquest.jobs.model import MAX_INTERRUPTIONS, Failure, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import Backoff, KindOptions
 from mealquest.jobs.runner import JobContext
 from mealquest.jobs.service import JobService
@@ -54,6 +54,17 @@ BASE_EXCEPTIONS: dict[str, BaseException] = {
 
 class NameSchema(Schema):
     name = fields.String(required=True)
+
+
+class RawSchema(Schema):
+    value = fields.Raw(required=True)
+
+
+class FailureWithoutMessage(Failure):
+    """A handler's bug: its `__init__` never sets the message."""
+
+    def __init__(self) -> None:
+        Exception.__init__(self)
 
 
 class Latches:
@@ -124,6 +135,25 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
     def raises(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise BASE_EXCEPTIONS[payload["name"]]
 
+    def nested_too_deep(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        latches.log.append(("start", "deep", ctx.attempt))
+        value: list[Any] = []
+        for _ in range(100_000):
+            value = [value]
+        return {"value": value}
+
+    def raises_a_failure_without_message(payload: dict[str, Any], ctx: JobContext) -> None:
+        raise FailureWithoutMessage()
+
+    class LoadsUntilTheGateOpens(GateSchema):
+        """Loads at enqueue; from the gate's opening, its hook raises a KeyError."""
+
+        @post_load
+        def look_up(self, data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+            if latches.events["payload breaks"].is_set():
+                return data["missing"]
+            return data
+
     register = service.registry.register
     retried = KindOptions(max_attempts=3, backoff=QUICK_RETRY)
     register("held", held, payload=GateSchema, result=EmptySchema, options=retried)
@@ -155,6 +185,19 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
         "bad_result_retried", bad_result, payload=EmptySchema, result=ValueSchema, options=retried
     )
     register("raises", raises, payload=NameSchema, result=EmptySchema, options=retried)
+    register(
+        "nested_too_deep", nested_too_deep, payload=EmptySchema, result=RawSchema, options=retried
+    )
+    register(
+        "raises_a_failure_without_message",
+        raises_a_failure_without_message,
+        payload=EmptySchema,
+        result=EmptySchema,
+        options=retried,
+    )
+    register(
+        "payload_breaks", held, payload=LoadsUntilTheGateOpens, result=EmptySchema, options=retried
+    )
 
 
 @pytest.fixture
@@ -438,7 +481,9 @@ def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, 
     jobs.start_pool()
     job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
     assert (job.error, job.attempt, job.max_attempts) == ("internal error", 1, 3)
-    assert "handler's result does not match its schema" in errors_about(logs, job_id)
+    assert errors_about(logs, job_id) == [
+        "handler's result does not match its schema (ValidationError)"
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(BASE_EXCEPTIONS))
@@ -456,6 +501,40 @@ def test_a_handler_raising_a_base_exception_fails_its_job_alone(hostile, househo
     latches.open("other")
     assert wait_for(lambda: jobs.get(held).status == Status.SUCCEEDED)
     assert latches.seen("start", "other") == [("start", "other", 1)]
+
+
+def test_a_result_nested_too_deep_to_encode_fails_at_once(hostile, household, latches, logs):
+    jobs = hostile()
+    job_id = enqueue(jobs, "nested_too_deep", household)
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.attempt) == ("internal error", 1)
+    assert latches.seen("start", "deep") == [("start", "deep", 1)]
+    assert errors_about(logs, job_id) == [
+        "handler's result does not match its schema (RecursionError)"
+    ]
+
+
+def test_a_stored_payload_whose_schema_raises_fails_at_once(hostile, household, latches, logs):
+    jobs = hostile()
+    job_id = enqueue(jobs, "payload_breaks", household, gate="never")
+    latches.open("payload breaks")
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.attempt) == ("internal error", 1)
+    assert latches.seen("start", "never") == []
+    assert errors_about(logs, job_id) == ["stored payload no longer loads (KeyError)"]
+
+
+def test_an_error_of_the_runner_around_a_handler_fails_the_job_at_once(hostile, household, logs):
+    # Reading the message of a Failure that has none raises in the runner,
+    # after the handler: the job is failed there, not left to its lease.
+    jobs = hostile()
+    job_id = enqueue(jobs, "raises_a_failure_without_message", household)
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.attempt) == ("internal error", 1)
+    assert errors_about(logs, job_id) == ["running the job failed"]
 
 
 # -- rows that do not decode ---------------------------------------------------------------------

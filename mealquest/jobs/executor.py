@@ -389,6 +389,12 @@ class Executor:
             return  # the stopping pool records the job
         except JobCancelled:
             outcome = CANCELLED
+        except Exception:
+            # A bug of the runner's, or of the kind's code that it calls: the
+            # job fails now, rather than stay running until its lease expires
+            # and then run again.
+            logger.exception("running the job failed", extra=extra)
+            outcome = failed(MESSAGE_INTERNAL)
         if entry.taken is not None or entry.abandoned:
             # The handler swallowed the pool's kill and returned: whoever took
             # the job records it.
@@ -448,9 +454,19 @@ class Executor:
             return failed(MESSAGE_INTERNAL)
         try:
             payload = kind.load_payload(job.payload)
-        except (TypeError, ValueError, ValidationError) as error:
-            fields = sorted(error.messages) if isinstance(error, ValidationError) else []
-            logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
+        except Exception as error:
+            # The kind's schema code may raise anything; only field names are
+            # logged (the text may quote the payload).
+            if isinstance(error, ValidationError):
+                logger.error(
+                    "stored payload no longer loads (fields %s)",
+                    sorted(error.messages),
+                    extra=extra,
+                )
+            else:
+                logger.error(
+                    "stored payload no longer loads (%s)", type(error).__name__, extra=extra
+                )
             return failed(MESSAGE_INTERNAL)
         context = JobContext(self.store, kind, entry, self.registry)
         timeout = kind.options.timeout_seconds
@@ -500,9 +516,15 @@ class Executor:
             return self._unexpected_error(job, kind, extra, ended)
         try:
             return Outcome(Status.SUCCEEDED, result=kind.encode_result(value))
-        except (TypeError, ValueError, ValidationError):
-            # A handler's bug: another attempt would only repeat its side effects.
-            logger.error("handler's result does not match its schema", extra=extra)
+        except Exception as error:
+            # A handler's bug (or its schema's: any exception, a RecursionError
+            # of a result nested too deep included): another attempt would
+            # only repeat its side effects.
+            logger.error(
+                "handler's result does not match its schema (%s)",
+                type(error).__name__,
+                extra=extra,
+            )
             return failed(MESSAGE_INTERNAL)
 
     def _unexpected_error(
