@@ -70,6 +70,8 @@ def test_an_import_answers_202_with_the_job_and_its_location(app, client, auth):
         pytest.param({"url": "http://"}, "url", id="no-host"),
         pytest.param({"url": "http://recipes.example:99999/"}, "url", id="bad-port"),
         pytest.param({"url": "http://recipes.example/a b"}, "url", id="space"),
+        # A JSON "\\udcff" decodes to a lone surrogate, which no request line can carry.
+        pytest.param({"url": "https://recipes.example/\udcff"}, "url", id="lone-surrogate"),
         pytest.param({"url": "https://recipes.example/" + "a" * 2100}, "url", id="over-long"),
         pytest.param({"url": URL, "priority": 1}, "priority", id="unknown-field"),
     ],

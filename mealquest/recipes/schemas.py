@@ -40,6 +40,9 @@ def validate_web_url(value: str) -> None:
     is fetched (a name resolves differently over time); here only its form."""
     if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in value):
         raise ValidationError("must not contain spaces or control characters")
+    if any(0xD800 <= ord(char) <= 0xDFFF for char in value):
+        # A lone surrogate (a JSON "\udcff"): no request line can carry it.
+        raise ValidationError("must be Unicode text, without lone surrogates")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - raises ValueError on a bad port
