@@ -25,6 +25,7 @@ from marshmallow import Schema, fields, post_load
 from mealquest import migrations
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs
+from mealquest.jobs.errors import JobCancelled, PoolStopping
 from mealquest.jobs.maintenance import Rescuer
 from mealquest.jobs.model import MAX_INTERRUPTIONS, Failure, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import Backoff, KindOptions
@@ -44,11 +45,14 @@ class GateSchema(Schema):
     gate = fields.String(required=True)
 
 
-# What a handler may raise that `except Exception` does not catch.
+# What a handler may raise that `except Exception` does not catch, the
+# pool's own exceptions included (raised by the handler, not the pool).
 BASE_EXCEPTIONS: dict[str, BaseException] = {
     "SystemExit": SystemExit(3),
     "KeyboardInterrupt": KeyboardInterrupt(),
     "GreenletExit": gevent.GreenletExit(),
+    "PoolStopping": PoolStopping(),
+    "JobCancelled": JobCancelled(),
 }
 
 
@@ -489,8 +493,10 @@ def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, 
 @pytest.mark.parametrize("name", sorted(BASE_EXCEPTIONS))
 def test_a_handler_raising_a_base_exception_fails_its_job_alone(hostile, household, latches, name):
     # Out of a greenlet, gevent raises SystemExit and KeyboardInterrupt in the
-    # main greenlet (the process would stop, with every job it runs), and
-    # GreenletExit ends it quietly (the job would wait for its lease).
+    # main greenlet (the process would stop, with every job it runs);
+    # GreenletExit ends it quietly and the pool's PoolStopping, not thrown by
+    # the pool, is not recorded (the job would wait for its lease); the
+    # pool's JobCancelled, not thrown by the pool, would record it cancelled.
     jobs = hostile()
     held = enqueue(jobs, "held", household, gate="other")
     raising = enqueue(jobs, "raises", household, name=name)

@@ -106,6 +106,18 @@ def failed(error: str) -> Outcome:
     return Outcome(Status.FAILED, error=error)
 
 
+def _thrown_by_the_pool(entry: Running, error: BaseException) -> bool:
+    """Whether `error` is how the pool ended the handler. A handler that
+    raises `PoolStopping` or `JobCancelled` on its own has failed like any
+    other; `LeaseLost` is also raised by `ctx` itself, and either way the job
+    is no longer ours."""
+    if isinstance(error, PoolStopping):
+        return entry.taken is not None
+    if isinstance(error, JobCancelled):
+        return entry.cancel_killed_at is not None
+    return isinstance(error, LeaseLost)
+
+
 @dataclass(eq=False)
 class Running:
     """A job this process runs, from its claim until its greenlet is dead.
@@ -326,9 +338,10 @@ class Executor:
             greenlet.rawlink(lambda _, entry=entry: self._ended(entry))
             self._slots.start(greenlet)
 
-    def take(self, entry: Running, reason: str, exception: type[BaseException]) -> None:
+    def take(self, entry: Running, reason: str, exception: type[LeaseLost | PoolStopping]) -> None:
         """Take a job from its handler: the handler is killed (without waiting)
-        and the pool, not the handler, records the job."""
+        and the pool, not the handler, records the job. Only with the pool's
+        own exceptions: the handler's attempt takes any other for its own."""
         if entry.taken is not None or entry.abandoned:
             return
         entry.taken = reason
@@ -458,11 +471,8 @@ class Executor:
             # The kind's schema code may raise anything; only field names are
             # logged (the text may quote the payload).
             if isinstance(error, ValidationError):
-                logger.error(
-                    "stored payload no longer loads (fields %s)",
-                    sorted(error.messages),
-                    extra=extra,
-                )
+                fields = sorted(error.messages) if isinstance(error.messages, dict) else []
+                logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
             else:
                 logger.error(
                     "stored payload no longer loads (%s)", type(error).__name__, extra=extra
@@ -477,14 +487,14 @@ class Executor:
         timer.start()
         try:
             value = kind.handler(payload, context)
-        except (LeaseLost, PoolStopping, JobCancelled):
-            raise  # the pool's own, thrown into the handler
         except BaseException as error:
+            if _thrown_by_the_pool(entry, error):
+                raise
             # Whatever else the handler raised is its own doing, SystemExit and
-            # KeyboardInterrupt included (a signal reaches the main greenlet,
-            # never a handler's): let out of the greenlet, gevent's hub would
-            # raise them in the main greenlet and stop the process, with every
-            # other job it runs.
+            # KeyboardInterrupt included (a SIGINT or SIGTERM goes to the
+            # handlers gunicorn and `flask jobs work` install): let out of the
+            # greenlet, gevent's hub would raise them in the main greenlet and
+            # stop the process, with every other job it runs.
             ended = error
         finally:
             timer.close()

@@ -81,7 +81,7 @@ def fail_with_failure(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any
 
 
 def fail_with_number(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    raise Failure(payload["value"])  # type: ignore[arg-type] - a handler's bug, on purpose
+    raise Failure(payload["value"])  # a handler's bug, on purpose: not text
 
 
 def raise_secret_error(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
