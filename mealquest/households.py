@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from mealquest.db.driver import Store
-from mealquest.storable import is_plain_name
+from mealquest.storable import name_problem
 
 # The household periodic jobs (maintenance included) belong to, made by the
 # migrations. It never has a token, so no caller of the API is it, and the
@@ -61,13 +61,9 @@ def _new_token() -> str:
 def create_household(store: Store, name: str) -> IssuedToken:
     """Create a household with its first token."""
     name = name.strip()
-    if not 1 <= len(name) <= 200:
-        raise HouseholdError("a household name has 1 to 200 characters")
-    if not is_plain_name(name):
-        # A newline would forge lines of `flask households list` and of logs.
-        raise HouseholdError(
-            "a household name has no control characters and no bytes that are not UTF-8"
-        )
+    problem = name_problem(name)
+    if problem is not None:
+        raise HouseholdError(f"a household name {problem}")
     token = _new_token()
     household_id, token_id = store.write(
         store.households.create_household, name=name, token_sha256=token_digest(token)

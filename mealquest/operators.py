@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from mealquest.db.driver import Store
 from mealquest.households import token_digest
-from mealquest.storable import is_plain_name
+from mealquest.storable import name_problem
 
 TOKEN_PREFIX = "mqop_"  # noqa: S105 - a marker, not a secret
 
@@ -57,13 +57,9 @@ class IssuedOperator:
 def create_operator(store: Store, name: str) -> IssuedOperator:
     """Create an operator with its token."""
     name = name.strip()
-    if not 1 <= len(name) <= 200:
-        raise OperatorError("an operator name has 1 to 200 characters")
-    if not is_plain_name(name):
-        # A newline would forge lines of `flask operators list` and of logs.
-        raise OperatorError(
-            "an operator name has no control characters and no bytes that are not UTF-8"
-        )
+    problem = name_problem(name)
+    if problem is not None:
+        raise OperatorError(f"an operator name {problem}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     operator_id = store.write(
         store.operators.insert_operator, name=name, token_sha256=token_digest(token)

@@ -26,11 +26,17 @@ def storable_text(text: str) -> str:
 # Control and format characters (a bidi override among them), line and
 # paragraph separators, and lone surrogates.
 _NOT_IN_A_NAME = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+MAX_NAME = 200
 
 
-def is_plain_name(name: str) -> bool:
-    """Whether `name` can name a household or an operator: nothing that
-    breaks or disguises a line of a listing or a log (a newline, a bidi
-    override), and no lone surrogate, which is how a command line's bytes
-    that are not UTF-8 arrive, and which no database stores."""
-    return not any(unicodedata.category(char) in _NOT_IN_A_NAME for char in name)
+def name_problem(name: str) -> str | None:
+    """What keeps `name` from naming a household or an operator, as the end
+    of a sentence; None if nothing does. A name is shown on one line of
+    listings and logs, so nothing in it may break or disguise a line (a
+    newline, a bidi override); a lone surrogate is how a command line's bytes
+    that are not UTF-8 arrive, and no database stores one."""
+    if not 1 <= len(name) <= MAX_NAME:
+        return f"has 1 to {MAX_NAME} characters"
+    if any(unicodedata.category(char) in _NOT_IN_A_NAME for char in name):
+        return "has no control characters and no bytes that are not UTF-8"
+    return None

@@ -155,6 +155,20 @@ def test_text_neither_database_can_store_is_imported_replaced(start, pages, auth
     assert attempts(app, job["id"]) == 1
 
 
+@pytest.mark.parametrize("image", ["/soup\x00.jpg", "/soup\udcff.jpg"], ids=["nul", "surrogate"])
+def test_an_image_that_is_no_address_is_left_out_of_the_recipe(start, pages, auth, image):
+    app = start()
+    client = app.test_client()
+    pages.page("/soup", recipe_page(image=[image]))
+
+    job = finished(client, auth, import_url(client, auth, pages.url("/soup")))
+
+    assert job["status"] == "succeeded", job
+    assert job["result"]["recipe"]["title"] == "Tomato Soup"
+    assert job["result"]["recipe"]["image_url"] is None
+    assert attempts(app, job["id"]) == 1
+
+
 def test_microdata_page_imports(start, pages, auth):
     app = start()
     client = app.test_client()

@@ -108,9 +108,11 @@ def _minutes(value: Any) -> int | None:
 
 
 def _image_url(value: Any, page_url: str) -> str | None:
-    if not isinstance(value, str) or not value.strip():
+    """The image's absolute http(s) address, or None where the page's value is
+    none (a NUL or a lone surrogate in it: no address holds one)."""
+    if not isinstance(value, str) or not value.strip() or storable_text(value) != value:
         return None
-    url = urljoin(page_url, storable_text(value.strip()))
+    url = urljoin(page_url, value.strip())
     if urlsplit(url).scheme not in ("http", "https") or len(url) > MAX_URL:
         return None
     return url
