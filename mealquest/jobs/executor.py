@@ -106,11 +106,21 @@ def failed(error: str) -> Outcome:
     return Outcome(Status.FAILED, error=error)
 
 
-def _thrown_by_the_pool(entry: Running, error: BaseException) -> bool:
-    """Whether `error` is how the pool ended the handler. A handler that
-    raises `PoolStopping` or `JobCancelled` on its own has failed like any
-    other; `LeaseLost` is also raised by `ctx` itself, and either way the job
-    is no longer ours."""
+def _not_the_handlers_failure(entry: Running, error: BaseException) -> bool:
+    """Whether `error` ends the handler's attempt without being its failure:
+    how the pool ended it, or the process stopping.
+
+    SystemExit and KeyboardInterrupt are what signal handlers raise, in
+    whichever greenlet runs when the signal arrives: gunicorn's worker
+    timeout raises SystemExit in the handler that held the event loop. Let
+    through, they stop the process, whose jobs are then interrupted (a
+    handler that exits its process is a poison pill). A handler that raises
+    `PoolStopping` or `JobCancelled` on its own has failed like any other;
+    `LeaseLost` is also raised by `ctx` itself, and either way the job is no
+    longer ours.
+    """
+    if isinstance(error, SystemExit | KeyboardInterrupt):
+        return True
     if isinstance(error, PoolStopping):
         return entry.taken is not None
     if isinstance(error, JobCancelled):
@@ -488,13 +498,11 @@ class Executor:
         try:
             value = kind.handler(payload, context)
         except BaseException as error:
-            if _thrown_by_the_pool(entry, error):
+            if _not_the_handlers_failure(entry, error):
                 raise
-            # Whatever else the handler raised is its own doing, SystemExit and
-            # KeyboardInterrupt included (a SIGINT or SIGTERM goes to the
-            # handlers gunicorn and `flask jobs work` install): let out of the
-            # greenlet, gevent's hub would raise them in the main greenlet and
-            # stop the process, with every other job it runs.
+            # Whatever else the handler raised is its own doing: GreenletExit
+            # included, which would end the greenlet quietly and leave the job
+            # running until its lease expired.
             ended = error
         finally:
             timer.close()
