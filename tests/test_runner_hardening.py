@@ -25,7 +25,7 @@ from marshmallow import Schema, fields, post_load
 from mealquest import migrations
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs
-from mealquest.jobs.errors import JobCancelled, PoolStopping
+from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.maintenance import Rescuer
 from mealquest.jobs.model import MAX_INTERRUPTIONS, Failure, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import Backoff, KindOptions
@@ -52,6 +52,7 @@ BASE_EXCEPTIONS: dict[str, BaseException] = {
     "GreenletExit": gevent.GreenletExit(),
     "PoolStopping": PoolStopping(),
     "JobCancelled": JobCancelled(),
+    "LeaseLost": LeaseLost(),
 }
 
 
@@ -132,6 +133,12 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
         ctx.write(lambda tx: tx.execute("UPDATE households SET name = name WHERE id = 0"))
         return {}
 
+    def publishes_after_its_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        latches.log.append(("start", payload["gate"], ctx.attempt))
+        latches.events[payload["gate"]].wait()
+        ctx.publish({})
+        return {}
+
     def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return {"value": "not a number"}
 
@@ -183,6 +190,16 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
         payload=GateSchema,
         result=EmptySchema,
         options=retried,
+    )
+    register(
+        "writes_after_its_gate_once", writes_after_its_gate, payload=GateSchema, result=EmptySchema
+    )
+    register(
+        "publishes_after_its_gate_once",
+        publishes_after_its_gate,
+        payload=GateSchema,
+        result=EmptySchema,
+        partial=EmptySchema,
     )
     register(
         "bad_result_retried", bad_result, payload=EmptySchema, result=ValueSchema, options=retried
@@ -357,6 +374,31 @@ def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
     assert (job.attempt, job.interruptions) == (1, 0)
 
 
+@pytest.mark.parametrize("kind", ["writes_after_its_gate_once", "publishes_after_its_gate_once"])
+def test_a_handlers_write_that_finds_its_lease_gone_ends_the_attempt_unrecorded(
+    hostile, household, latches, logs, kind
+):
+    # A heartbeat too slow to notice first: the handler's own write finds the
+    # lease gone, and its LeaseLost ends the attempt as the pool's would.
+    jobs = hostile(JOB_LEASE_SECONDS=120.0, JOB_HEARTBEAT_SECONDS=60.0)
+    store = jobs.store
+    job_id = enqueue(jobs, kind, household, gate="g")
+    pool = jobs.start_pool()
+    wait_for(lambda: latches.seen("start", "g"))
+    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
+    assert recovered.failed == (job_id,)
+    latches.open("g")
+    wait_for(lambda: pool.active_jobs() == [])
+    about_job = [
+        (record.levelname, record.getMessage())
+        for record in logs
+        if getattr(record, "job_id", None) == job_id
+    ]
+    assert about_job[-1] == ("WARNING", "job lost its lease; its outcome is not recorded")
+    job = jobs.get(job_id)
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "interrupted by restart", 1)
+
+
 def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_expires(
     hostile, household, latches, lock_holder
 ):
@@ -492,9 +534,9 @@ def test_a_result_that_breaks_its_schema_fails_at_once_without_a_retry(hostile, 
 @pytest.mark.parametrize("name", sorted(BASE_EXCEPTIONS))
 def test_a_handler_raising_a_base_exception_fails_its_job_alone(hostile, household, latches, name):
     # Let through, GreenletExit would end the greenlet quietly and the pool's
-    # PoolStopping, not thrown by the pool, would not be recorded (the job
-    # would wait for its lease); the pool's JobCancelled, not thrown by the
-    # pool, would record the job cancelled.
+    # PoolStopping and LeaseLost, not thrown by the pool, would not be
+    # recorded (the job would wait for its lease); the pool's JobCancelled,
+    # not thrown by the pool, would record the job cancelled.
     jobs = hostile()
     held = enqueue(jobs, "held", household, gate="other")
     raising = enqueue(jobs, "raises", household, name=name)

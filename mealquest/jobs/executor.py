@@ -114,18 +114,20 @@ def _not_the_handlers_failure(entry: Running, error: BaseException) -> bool:
     whichever greenlet runs when the signal arrives: gunicorn's worker
     timeout raises SystemExit in the handler that held the event loop. Let
     through, they stop the process, whose jobs are then interrupted (a
-    handler that exits its process is a poison pill). A handler that raises
-    `PoolStopping` or `JobCancelled` on its own has failed like any other;
-    `LeaseLost` is also raised by `ctx` itself, and either way the job is no
-    longer ours.
+    handler that exits its process is a poison pill). The pool's own
+    exceptions pass when the pool threw them (`LeaseLost` also when a write
+    of `ctx` found the lease gone): raised by the handler on its own, they
+    are its failure like any other.
     """
     if isinstance(error, SystemExit | KeyboardInterrupt):
         return True
+    if isinstance(error, LeaseLost):
+        return entry.taken is not None or entry.lease_found_lost
     if isinstance(error, PoolStopping):
         return entry.taken is not None
     if isinstance(error, JobCancelled):
         return entry.cancel_killed_at is not None
-    return isinstance(error, LeaseLost)
+    return False
 
 
 @dataclass(eq=False)
@@ -157,6 +159,8 @@ class Running:
     cancel_killed_at: float | None = None
     # Jobs the handler enqueued, written with its success (`JobContext.enqueue`).
     follow_ups: list[NewJob] = field(default_factory=list)
+    # A write of the handler's (`JobContext`) found the lease gone.
+    lease_found_lost: bool = False
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -239,6 +243,7 @@ class JobContext:
         encoded = self._kind.encode_partial(partial)
         published = self._store.write(self._store.jobs.publish, self._lease, result=encoded)
         if not published:
+            self._entry.lease_found_lost = True
             raise LeaseLost(LeaseLost.__doc__)
 
     def write(
@@ -257,7 +262,11 @@ class JobContext:
                 raise LeaseLost(LeaseLost.__doc__)
             return fn(tx, *args, **kwargs)
 
-        return self._store.write(fenced)
+        try:
+            return self._store.write(fenced)
+        except LeaseLost:
+            self._entry.lease_found_lost = True
+            raise
 
 
 class Executor:
