@@ -133,6 +133,12 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
         ctx.write(lambda tx: tx.execute("UPDATE households SET name = name WHERE id = 0"))
         return {}
 
+    def raises_lease_lost_in_its_write(payload: dict[str, Any], ctx: JobContext) -> None:
+        def write(tx: Any) -> None:
+            raise LeaseLost()
+
+        ctx.write(write)
+
     def publishes_after_its_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         latches.log.append(("start", payload["gate"], ctx.attempt))
         latches.events[payload["gate"]].wait()
@@ -193,6 +199,13 @@ def register_hostile_kinds(service: JobService, latches: Latches) -> None:
     )
     register(
         "writes_after_its_gate_once", writes_after_its_gate, payload=GateSchema, result=EmptySchema
+    )
+    register(
+        "raises_lease_lost_in_its_write",
+        raises_lease_lost_in_its_write,
+        payload=EmptySchema,
+        result=EmptySchema,
+        options=retried,
     )
     register(
         "publishes_after_its_gate_once",
@@ -372,6 +385,15 @@ def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     # The interruption refunded the attempt.
     assert (job.attempt, job.interruptions) == (1, 0)
+
+
+def test_a_lease_lost_raised_by_the_handlers_own_write_function_fails_its_job(hostile, household):
+    # Out of `ctx.write`, as its lease check's would be, but the lease is the job's.
+    jobs = hostile()
+    job_id = enqueue(jobs, "raises_lease_lost_in_its_write", household)
+    jobs.start_pool()
+    job = wait_for(lambda: jobs.get(job_id).status == Status.FAILED and jobs.get(job_id))
+    assert (job.error, job.attempt) == ("internal error", 3)
 
 
 @pytest.mark.parametrize("kind", ["writes_after_its_gate_once", "publishes_after_its_gate_once"])

@@ -259,14 +259,13 @@ class JobContext:
 
         def fenced(tx: Transaction) -> T:
             if not self._store.jobs.owns(tx, self._lease):
+                # Marked here, not where it arrives: a LeaseLost that `fn`
+                # raises on its own is the handler's failure.
+                self._entry.lease_found_lost = True
                 raise LeaseLost(LeaseLost.__doc__)
             return fn(tx, *args, **kwargs)
 
-        try:
-            return self._store.write(fenced)
-        except LeaseLost:
-            self._entry.lease_found_lost = True
-            raise
+        return self._store.write(fenced)
 
 
 class Executor:
