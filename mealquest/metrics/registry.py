@@ -17,8 +17,10 @@ multiprocess mode allows no custom collector in a shared one.
 
 from __future__ import annotations
 
+import glob
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import suppress
 
 from prometheus_client import (
     CollectorRegistry,
@@ -104,12 +106,30 @@ class _QueueCollector(Collector):
         yield oldest
 
 
+class _SizedFilesCollector(MultiProcessCollector):
+    """prometheus_client's multiprocess collector, leaving out empty files.
+
+    A worker creates its file empty and sizes it a moment later. A scrape in
+    between failed whole (a `struct.error` reading the empty file), and a
+    worker killed in between left the empty file behind, failing every
+    scrape after it. An empty file holds no value, so nothing is lost.
+    """
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            with suppress(FileNotFoundError):  # its worker's exit removed it
+                if os.path.getsize(path) > 0:
+                    files.append(path)
+        return self.merge(files, accumulate=True)
+
+
 def render(figures: QueueFigures) -> bytes:
     """One scrape: the counted metrics (every worker's under gunicorn) and the
     queue's gauges."""
     if multiprocess():
         counted = CollectorRegistry()
-        MultiProcessCollector(counted)
+        _SizedFilesCollector(counted)
     else:
         counted = REGISTRY
     queue = CollectorRegistry()

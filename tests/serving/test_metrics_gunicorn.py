@@ -1,8 +1,9 @@
 """GET /metrics under real gunicorn with two workers, on both databases:
 whichever worker answers a scrape, it counts every worker's requests and
 jobs (prometheus_client's multiprocess mode, set up by gunicorn.conf.py),
-a SIGKILLed worker's counts stay counted, and the directory is fresh for
-each master and gone when it stops."""
+a SIGKILLed worker's counts stay counted, a file a worker left empty is
+passed over, and the directory is fresh for each master and gone when it
+stops."""
 
 from __future__ import annotations
 
@@ -91,6 +92,14 @@ def test_every_scrape_sums_the_counts_of_every_worker(served, tmp_path, processe
         60,
         "the killed worker was not replaced",
     )
+    for pid in server.worker_pids():
+        text = wait_until(lambda pid=pid: scrape_by(str(pid)), 30, "no scrape by the worker", 0)
+        assert value(text, *HEALTHZ) == start + sent
+        assert value(text, *runs) == len(job_ids)
+
+    # A worker killed between creating its file and sizing it leaves the file
+    # empty: it holds no value, and no scrape fails on it.
+    (directory / "counter_4194304.db").touch()
     for pid in server.worker_pids():
         text = wait_until(lambda pid=pid: scrape_by(str(pid)), 30, "no scrape by the worker", 0)
         assert value(text, *HEALTHZ) == start + sent
