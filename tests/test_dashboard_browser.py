@@ -122,7 +122,9 @@ def screenshot(browser, tmp_path, name):
 
 def wait(browser, condition, message):
     # A page that refreshes itself may replace an element between finding it
-    # and reading it: the condition finds it again at the next poll.
+    # and reading it, and a click only starts the navigation it causes: the
+    # condition finds the element again at the next poll (WebDriverWait also
+    # ignores NoSuchElementException).
     return WebDriverWait(
         browser, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
     ).until(lambda _: condition(), message)
@@ -154,10 +156,19 @@ def test_sign_in_leads_to_the_overview(site, browser, jobs, tmp_path):
     # A household's token does not sign in.
     browser.find_element(By.ID, "token").send_keys(site.token)
     browser.find_element(By.ID, "sign-in").click()
-    assert "not a live operator token" in text_of(browser, "sign-in-failed")
+    # The click only starts the form's submission: the answer comes later.
+    wait(
+        browser,
+        lambda: "not a live operator token" in text_of(browser, "sign-in-failed"),
+        "the household's token was not refused",
+    )
     browser.find_element(By.ID, "token").send_keys(site.operator.token)
     browser.find_element(By.ID, "sign-in").click()
-    wait(browser, lambda: browser.current_url.endswith("/admin/"), "not on the overview")
+    wait(
+        browser,
+        lambda: browser.current_url.endswith("/admin/") and text_of(browser, "count-succeeded"),
+        "not on the overview",
+    )
     assert text_of(browser, "count-succeeded") == "3"
     assert text_of(browser, "count-failed") == "2"
     assert text_of(browser, "throughput") == "5"
@@ -179,7 +190,14 @@ def test_filter_the_jobs_list(site, browser, jobs, tmp_path):
     assert len(browser.find_elements(By.CLASS_NAME, "job-row")) == 6
     Select(browser.find_element(By.ID, "filter-status")).select_by_value("failed")
     browser.find_element(By.ID, "apply-filters").click()
-    wait(browser, lambda: "status=failed" in browser.current_url, "the filter was not applied")
+    wait(
+        browser,
+        lambda: (
+            "status=failed" in browser.current_url
+            and browser.find_elements(By.CLASS_NAME, "job-row")
+        ),
+        "the filter was not applied",
+    )
     rows = browser.find_elements(By.CLASS_NAME, "job-row")
     assert {row.find_element(By.TAG_NAME, "a").text for row in rows} == {
         jobs["failed"],
@@ -187,7 +205,14 @@ def test_filter_the_jobs_list(site, browser, jobs, tmp_path):
     }
     browser.find_element(By.ID, "filter-kind").send_keys("fail_with_failure")
     browser.find_element(By.ID, "apply-filters").click()
-    wait(browser, lambda: "kind=fail_with_failure" in browser.current_url, "kind not applied")
+    wait(
+        browser,
+        lambda: (
+            "kind=fail_with_failure" in browser.current_url
+            and browser.find_elements(By.CLASS_NAME, "job-row")
+        ),
+        "kind not applied",
+    )
     [row] = browser.find_elements(By.CLASS_NAME, "job-row")
     assert "the soup burnt" in row.text
     screenshot(browser, tmp_path, "jobs")
@@ -196,7 +221,11 @@ def test_filter_the_jobs_list(site, browser, jobs, tmp_path):
 def test_open_a_job_and_its_payload_url_is_masked(site, browser, jobs, tmp_path):
     browser.get(f"{site.url}/admin/jobs?status=failed")
     browser.find_element(By.LINK_TEXT, jobs["secret"]).click()
-    wait(browser, lambda: browser.current_url.endswith(jobs["secret"]), "the job did not open")
+    wait(
+        browser,
+        lambda: browser.current_url.endswith(jobs["secret"]) and text_of(browser, "job-status"),
+        "the job did not open",
+    )
     assert text_of(browser, "job-status") == "failed"
     assert "https://recipes.example/soup?token=***" in text_of(browser, "payload")
     assert text_of(browser, "error") == "internal error"
