@@ -84,7 +84,16 @@ def test_several_processes_drain_2000_jobs_each_exactly_once(
         ]
 
     ids = store.write(enqueue_all)
-    wait_for(lambda: status_counts(store).get("succeeded") == 2000, timeout=120, interval=0.1)
+    try:
+        # Within pytest's own timeout (120 s), so that a failure shows what
+        # the processes logged.
+        wait_for(lambda: status_counts(store).get("succeeded") == 2000, timeout=90, interval=0.1)
+    except AssertionError:
+        logged = [line for p in processes for line in p.lines if " INFO " not in line]
+        raise AssertionError(
+            f"jobs by status: {status_counts(store)}; the processes logged, INFO left out:\n"
+            + "\n".join(logged[-200:])
+        ) from None
     for process in processes:
         assert process.stop() == 0, process.output()
     runs = Path(log).read_text().split("\n")[:-1]
