@@ -341,6 +341,13 @@ def _claim_one_priority(
     kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
+    # The statement is planned once per connection, not at every claim: the
+    # server's default weighs a generic plan against plans made for each
+    # claim's values, and for this statement kept planning every time (about
+    # 2 ms of a 4 ms claim of four jobs). Its plan does not hinge on the
+    # values: each step is an index probe fenced by `OFFSET 0` or `LATERAL`.
+    # For the rest of this transaction only.
+    tx.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     caps = {kind: cap for kind, cap in (kind_caps or {}).items() if kind in kinds}
     for kind in sorted(caps):
         tx.execute(
