@@ -17,7 +17,9 @@ def utc_now() -> datetime:
 
 
 def to_text(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime(_FORMAT)
+    # Not `strftime`: it writes a year before 1000 with fewer than four
+    # digits ("5-01-01..."), which then sorts after every later year.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def from_text(text: str) -> datetime:

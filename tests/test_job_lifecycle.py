@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import gevent
 import pytest
@@ -386,6 +386,21 @@ def test_claims_go_by_priority_then_due_time_then_insertion(store, jobs, househo
     assert [job.id for job in due] == [scheduled, future]
 
 
+def test_a_job_due_before_the_year_1000_is_due_now_and_runs(make_app, household):
+    # Due times are stored as text whose order is their order: a year of
+    # fewer than four digits sorted after every later one, and the job
+    # never came due.
+    jobs = get_jobs(make_app())
+    long_ago = datetime(5, 1, 2, 3, 4, 5, tzinfo=UTC)
+    job_id = jobs.enqueue(
+        "succeed", {"value": 1}, household_id=household.household_id, run_at=long_ago
+    )
+    assert jobs.get(job_id).run_at == "0005-01-02T03:04:05.000000Z"
+    jobs.start_pool()
+    wait_for(lambda: final(jobs, job_id))
+    assert jobs.get(job_id).status is Status.SUCCEEDED
+
+
 def test_the_runner_runs_urgent_jobs_first(make_app, household, tmp_path):
     jobs = get_jobs(make_app(JOB_WORKERS=1))
     log = tmp_path / "runs.log"
@@ -413,6 +428,8 @@ def test_the_runner_runs_urgent_jobs_first(make_app, household, tmp_path):
         ({"priority": True}, "priority"),
         ({"run_at": utc_now().replace(tzinfo=None)}, "run_at"),
         ({"run_at": utc_now(), "delay": 1}, "run_at"),
+        ({"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=2)))}, "run_at"),
+        ({"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-2)))}, "run_at"),
         ({"unique_key": ""}, "unique_key"),
     ],
 )

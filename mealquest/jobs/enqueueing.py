@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -180,6 +180,8 @@ def _option_errors(request: JobRequest) -> dict[str, list[str]]:
         errors["run_at"] = ["give run_at or delay, not both"]
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
         errors["run_at"] = ["must be a timezone-aware datetime"]
+    elif run_at is not None and not _in_utc_range(run_at):
+        errors["run_at"] = ["must fall within the years 1 to 9999 in UTC"]
     if delay is not None and (
         isinstance(delay, bool)
         or not isinstance(delay, int | float)
@@ -198,6 +200,16 @@ def _option_errors(request: JobRequest) -> dict[str, list[str]]:
         except ValidationError as error:
             errors.update(error.normalized_messages())
     return errors
+
+
+def _in_utc_range(moment: datetime) -> bool:
+    """Whether `moment` has a UTC time (the edges of the calendar, in an
+    offset that takes them past it, have none)."""
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        return False
+    return True
 
 
 def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
