@@ -441,6 +441,67 @@ def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_exp
     assert (job.attempt, job.interruptions) == (1, 0)
 
 
+def _returned_and_recording(jobs: JobService, job_id: str) -> Any:
+    """The job's entry once its handler returned and its outcome is being written."""
+    assert jobs.pool is not None
+    for entry in list(jobs.pool.executor.running.values()):
+        if entry.job.id == job_id and entry.recording:
+            return entry
+    return None
+
+
+def _succeeded_cleanly(jobs: JobService, job_id: str, entry: Any, logs: list) -> None:
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    wait_for(lambda: not entry.alive())
+    assert entry.greenlet.exception is None
+    assert any(
+        r.getMessage() == "job succeeded" and getattr(r, "job_id", None) == job_id for r in logs
+    )
+
+
+def test_a_job_taken_while_its_outcome_is_written_keeps_that_outcome(
+    hostile, household, latches, lock_holder, logs
+):
+    # The pool takes an earlier attempt's handler when it claims the job
+    # again; one that has returned is only waiting for its outcome's write,
+    # which its lease's fence decides.
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: latches.seen("start", "g"))
+    lock_holder.hold()
+    latches.open("g")
+    entry = wait_for(lambda: _returned_and_recording(jobs, job_id))
+    assert jobs.pool is not None
+    jobs.pool.executor.take(entry, "lease lost", LeaseLost)
+    gevent.sleep(0)
+    assert entry.alive()
+    lock_holder.release()
+    _succeeded_cleanly(jobs, job_id, entry, logs)
+    assert entry.taken is None
+
+
+@pytest.mark.parametrize("kill", [LeaseLost, PoolStopping, JobCancelled])
+def test_a_kill_that_lands_after_the_handler_returned_leaves_its_outcome_to_stand(
+    hostile, household, latches, lock_holder, logs, kill
+):
+    # A cancel's kill or a take, sent while the handler still ran, lands at
+    # the greenlet's next switch: if the handler returned first, that is the
+    # wait for its outcome's write.
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: latches.seen("start", "g"))
+    lock_holder.hold()
+    latches.open("g")
+    entry = wait_for(lambda: _returned_and_recording(jobs, job_id))
+    entry.greenlet.kill(kill, block=False)
+    gevent.sleep(0)
+    assert entry.alive()
+    lock_holder.release()
+    _succeeded_cleanly(jobs, job_id, entry, logs)
+
+
 # -- interruptions -----------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import gevent
 from gevent.event import AsyncResult, Event
 
+from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.executor import Executor, Outcome, Running
 from mealquest.jobs.model import Job, Lease
 from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
@@ -67,6 +68,19 @@ def _write_batch(
     return recorded, jobs.claim(tx, **claim) if claim else []
 
 
+def _outcome_of(pending: _Pending) -> bool:
+    """Wait for the completer's answer for `pending`. A kill the pool sent the
+    handler before it returned can land here, in this wait: the outcome is
+    already on its way, fenced on its lease, so the wait goes on (letting
+    the kill through would end the greenlet with a traceback, and skip the
+    outcome's log line and metrics)."""
+    while True:
+        try:
+            return pending.recorded.get()
+        except (LeaseLost, PoolStopping, JobCancelled):
+            continue
+
+
 def _household_of(running: Mapping[Lease, Running], lease: Lease) -> int:
     entry = running.get(lease)
     return entry.job.household_id if entry is not None else -1
@@ -106,7 +120,7 @@ class Completer:
             self._pending.append(pending)
             self._waiting.set()
             try:
-                recorded = pending.recorded.get()
+                recorded = _outcome_of(pending)
             except StoreWriterDied:
                 # No write will ever get through: the pool restarts the process.
                 logger.error("could not record the job's outcome: the store is broken", extra=extra)

@@ -359,8 +359,10 @@ class Executor:
     def take(self, entry: Running, reason: str, exception: type[LeaseLost | PoolStopping]) -> None:
         """Take a job from its handler: the handler is killed (without waiting)
         and the pool, not the handler, records the job. Only with the pool's
-        own exceptions: the handler's attempt takes any other for its own."""
-        if entry.taken is not None or entry.abandoned:
+        own exceptions: the handler's attempt takes any other for its own.
+        A handler that has returned is left alone: its outcome is being
+        written, fenced on its lease, which decides whether it stands."""
+        if entry.taken is not None or entry.abandoned or entry.recording:
             return
         entry.taken = reason
         entry.taken_at = time.monotonic()
