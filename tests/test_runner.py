@@ -15,6 +15,7 @@ from marshmallow import Schema, ValidationError, fields
 from mealquest.clock import to_text, utc_now
 from mealquest.extensions import get_jobs, get_store
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, TooManyJobs, UnknownKind
+from mealquest.jobs.executor import MAX_FAILURE_MESSAGE
 from mealquest.jobs.maintenance import Rescuer
 from mealquest.jobs.model import Attempt, Lease, OnInterrupt, Recovered, Status, Transition
 from mealquest.jobs.registry import KindOptions, Registry
@@ -257,6 +258,21 @@ def test_a_failure_message_neither_database_can_store_is_stored_replaced(jobs, h
         job = wait_for(lambda job_id=job_id: final(jobs, job_id))
         assert (job.status, job.error, job.attempt) == (Status.FAILED, stored, 1)
     assert wait_for(lambda: final(jobs, plain)).error == "é ✓ 😀"
+
+
+def test_a_long_failure_message_is_stored_cut_to_its_first_characters(jobs, household):
+    longest = MAX_FAILURE_MESSAGE
+    messages = {"a" * longest: "a" * longest, "b" * (longest + 1): "b" * (longest - 1) + "…"}
+    ids = {
+        jobs.enqueue(
+            "fail_with_failure", {"message": message}, household_id=household.household_id
+        ): stored
+        for message, stored in messages.items()
+    }
+    jobs.start_pool()
+    for job_id, stored in ids.items():
+        job = wait_for(lambda job_id=job_id: final(jobs, job_id))
+        assert (job.status, job.error) == (Status.FAILED, stored)
 
 
 def test_a_failure_whose_message_is_not_text_fails_as_internal_error(

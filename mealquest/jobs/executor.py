@@ -102,6 +102,18 @@ class Outcome:
 CANCELLED = Outcome(Status.CANCELLED)
 
 
+# A `Failure` message is for a person to read in a job's answer: one longer
+# than this (a page's whole text, say) is cut, not stored and served in full.
+MAX_FAILURE_MESSAGE = 2_000
+_CUT = "…"
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_FAILURE_MESSAGE:
+        return message
+    return message[: MAX_FAILURE_MESSAGE - len(_CUT)] + _CUT
+
+
 def failed(error: str) -> Outcome:
     return Outcome(Status.FAILED, error=error)
 
@@ -532,7 +544,7 @@ class Executor:
         if isinstance(ended, Failure):
             # As stored: a message neither database could store would leave
             # the job running until its lease expired.
-            message = storable_text(ended.message)
+            message = _bounded(storable_text(ended.message))
             logger.info("job failed: %s", message, extra=extra)
             return failed(message)
         if isinstance(ended, StoreUnavailable):
