@@ -459,19 +459,27 @@ def _succeeded_cleanly(jobs: JobService, job_id: str, entry: Any, logs: list) ->
     )
 
 
-def test_a_job_taken_while_its_outcome_is_written_keeps_that_outcome(
-    hostile, household, latches, lock_holder, logs
-):
-    # The pool takes an earlier attempt's handler when it claims the job
-    # again; one that has returned is only waiting for its outcome's write,
-    # which its lease's fence decides.
+def _held_in_its_outcome_write(
+    hostile, household, latches, lock_holder
+) -> tuple[JobService, str, Any]:
+    """A job whose handler has returned, its outcome's write held by the
+    lock holder: the service, the job's id and its entry."""
     jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
     job_id = enqueue(jobs, "held", household, gate="g")
     jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
     lock_holder.hold()
     latches.open("g")
-    entry = wait_for(lambda: _returned_and_recording(jobs, job_id))
+    return jobs, job_id, wait_for(lambda: _returned_and_recording(jobs, job_id))
+
+
+def test_a_job_taken_while_its_outcome_is_written_keeps_that_outcome(
+    hostile, household, latches, lock_holder, logs
+):
+    # The pool takes an earlier attempt's handler when it claims the job
+    # again; one that has returned is only waiting for its outcome's write,
+    # which its lease's fence decides.
+    jobs, job_id, entry = _held_in_its_outcome_write(hostile, household, latches, lock_holder)
     assert jobs.pool is not None
     jobs.pool.executor.take(entry, "lease lost", LeaseLost)
     gevent.sleep(0)
@@ -488,13 +496,7 @@ def test_a_kill_that_lands_after_the_handler_returned_leaves_its_outcome_to_stan
     # A cancel's kill or a take, sent while the handler still ran, lands at
     # the greenlet's next switch: if the handler returned first, that is the
     # wait for its outcome's write.
-    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
-    job_id = enqueue(jobs, "held", household, gate="g")
-    jobs.start_pool()
-    wait_for(lambda: latches.seen("start", "g"))
-    lock_holder.hold()
-    latches.open("g")
-    entry = wait_for(lambda: _returned_and_recording(jobs, job_id))
+    jobs, job_id, entry = _held_in_its_outcome_write(hostile, household, latches, lock_holder)
     entry.greenlet.kill(kill, block=False)
     gevent.sleep(0)
     assert entry.alive()
