@@ -5,12 +5,14 @@ concurrency caps (in one process, and across processes)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql as pg_sql
 
 from mealquest.extensions import get_jobs, get_store
 from mealquest.households import create_household
@@ -454,7 +456,12 @@ def test_a_repeat_of_an_idempotent_request_at_the_quota_answers_its_job_not_429(
 class _Explaining:
     """A transaction that runs each statement under the database's EXPLAIN and
     keeps the plans (the statement itself runs as well, for its answer).
-    A setting (`SET ...`) has no plan: it only runs."""
+    A setting (`SET ...`) has no plan: it only runs.
+
+    On PostgreSQL the statement is explained as a prepared statement, so the
+    plan is the one the server runs it with under the transaction's
+    `plan_cache_mode` (the claim forces a generic plan, made without its
+    values): explained as it is, a statement is planned for its values."""
 
     def __init__(self, tx: Any, store: Any) -> None:
         self._tx, self._store = tx, store
@@ -464,13 +471,38 @@ class _Explaining:
         if statement.startswith("SET "):
             pass
         elif self._store.name == "postgresql":
-            explain = "EXPLAIN (ANALYZE, FORMAT JSON) "
-            plan = self._tx.execute(explain + statement, params).fetchone()
-            self.plans.append(json.dumps(next(iter(dict(plan).values()))))
+            self.plans.append(self._explain_prepared(statement, params))
         else:
             rows = self._tx.execute("EXPLAIN QUERY PLAN " + statement, params).fetchall()
             self.plans.append("\n".join(row["detail"] for row in rows))
         return self._tx.execute(statement, params)
+
+    def _explain_prepared(self, statement: str, params: Any) -> str:
+        names: list[str] = []
+
+        def numbered(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        if isinstance(params, dict):
+            text = re.sub(r"%\((\w+)\)s", numbered, statement)
+            values = [params[name] for name in names]
+        else:
+            counter = iter(range(1, len(params) + 1))
+            text = re.sub(r"%s", lambda _: f"${next(counter)}", statement)
+            values = list(params)
+        self._tx.execute("PREPARE explained AS " + text.replace("%%", "%"))
+        try:
+            # The values as literals: as parameters of the EXPLAIN they would
+            # have no type (an EXECUTE's arguments do not give them one).
+            arguments = pg_sql.SQL(", ").join(pg_sql.Literal(value) for value in values)
+            plan = self._tx.execute(
+                pg_sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE explained({})").format(arguments)
+            ).fetchone()
+        finally:
+            self._tx.execute("DEALLOCATE explained")
+        return json.dumps(next(iter(dict(plan).values())))
 
 
 def test_the_quota_count_reads_only_pending_jobs_however_many_finished(make_app, household):
@@ -569,7 +601,10 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
 
             with pytest.raises(_Measured) as measured:
                 store.write(explained)
-            return max(_rows_of_jobs_read(measured.value.args[0]))
+            plans = measured.value.args[0]
+            # The plans the claim runs with: generic, made without its values.
+            assert all("$1" in plan for plan in plans)
+            return max(_rows_of_jobs_read(plans))
 
         # The households idle, before and after the table's statistics exist
         # (they then say one household holds nearly every job); then with a
