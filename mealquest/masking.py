@@ -17,13 +17,13 @@ MASK = "***"
 
 # A URL anywhere in a text: a scheme, `://`, then up to the first character
 # that cannot be in one (white space, quotes, angle brackets).
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
 
 
 def mask(value: Any) -> Any:
     """`value` with every URL in it masked, through dicts, lists and strings."""
     if isinstance(value, str):
-        return _URL.sub(lambda match: mask_url(match.group()), value)
+        return URL_IN_TEXT.sub(lambda match: mask_url(match.group()), value)
     if isinstance(value, dict):
         return {key: mask(item) for key, item in value.items()}
     if isinstance(value, list | tuple):

@@ -14,8 +14,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 from gevent.event import AsyncResult, Event
@@ -26,6 +27,8 @@ from mealquest.jobs.model import Job, Lease
 from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # An outcome the database refused for a while is tried again after this, doubling.
 _RETRY_FIRST_SECONDS = 0.1
@@ -68,17 +71,19 @@ def _write_batch(
     return recorded, jobs.claim(tx, **claim) if claim else []
 
 
-def _outcome_of(pending: _Pending) -> bool:
-    """Wait for the completer's answer for `pending`. A kill the pool sent the
-    handler before it returned can land here, in this wait: the outcome is
-    already on its way, fenced on its lease, so the wait goes on (letting
-    the kill through would end the greenlet with a traceback, and skip the
-    outcome's log line and metrics)."""
+def _despite_late_kills(wait: Callable[[], T], done: Callable[[], bool]) -> T:
+    """`wait()`, again if one of the pool's kills interrupts it. A kill the
+    pool sent a handler just before it returned lands in the recording of its
+    outcome, which is already on its way, fenced on its lease: letting it
+    through would end the greenlet with a traceback, and skip the outcome's
+    log line and metrics. `done()` says the answer is in: `wait()` then
+    returns it (or raises what it holds) without waiting."""
     while True:
         try:
-            return pending.recorded.get()
+            return wait()
         except (LeaseLost, PoolStopping, JobCancelled):
-            continue
+            if done():
+                return wait()
 
 
 def _household_of(running: Mapping[Lease, Running], lease: Lease) -> int:
@@ -120,7 +125,7 @@ class Completer:
             self._pending.append(pending)
             self._waiting.set()
             try:
-                recorded = _outcome_of(pending)
+                recorded = _despite_late_kills(pending.recorded.get, pending.recorded.ready)
             except StoreWriterDied:
                 # No write will ever get through: the pool restarts the process.
                 logger.error("could not record the job's outcome: the store is broken", extra=extra)
@@ -135,7 +140,7 @@ class Completer:
                     delay,
                     extra=extra,
                 )
-                gevent.sleep(delay)
+                _despite_late_kills(partial(gevent.sleep, delay), lambda: False)
                 delay = min(delay * 2, _RETRY_MAX_SECONDS)
                 continue
             except Exception:

@@ -42,6 +42,7 @@ from mealquest.jobs.model import (
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
+from mealquest.masking import URL_IN_TEXT
 from mealquest.metrics import runs as job_metrics
 from mealquest.storable import storable_text
 from mealquest.store import Store, StoreUnavailable, Transaction
@@ -109,9 +110,16 @@ _CUT = "…"
 
 
 def _bounded(message: str) -> str:
+    """`message` cut to `MAX_FAILURE_MESSAGE` characters, never inside a URL:
+    a URL's credentials are masked where jobs are shown only when the URL
+    is whole (a cut one might have lost the `@` that marks them)."""
     if len(message) <= MAX_FAILURE_MESSAGE:
         return message
-    return message[: MAX_FAILURE_MESSAGE - len(_CUT)] + _CUT
+    end = MAX_FAILURE_MESSAGE - len(_CUT)
+    for url in URL_IN_TEXT.finditer(message, 0, end + 1):
+        if url.end() > end:
+            end = url.start()
+    return message[:end] + _CUT
 
 
 def failed(error: str) -> Outcome:
@@ -480,8 +488,12 @@ class Executor:
         if not earlier:
             return True
         for other in earlier:
-            logger.warning("job lost its lease; stopping its handler", extra=other.extra)
-            self.take(other, "lease lost", LeaseLost)
+            if other.recording:
+                # Its handler returned: its outcome's write, fenced, ends it.
+                logger.warning("job lost its lease; its outcome will not stand", extra=other.extra)
+            else:
+                logger.warning("job lost its lease; stopping its handler", extra=other.extra)
+                self.take(other, "lease lost", LeaseLost)
         gevent.joinall(
             [other.greenlet for other in earlier if other.greenlet],
             timeout=self.settings.kill_grace_seconds,
