@@ -65,7 +65,8 @@ class Failure(Exception):
     """A handler's failure whose message is safe to show the household.
 
     It is stored as the job's error (a NUL or lone surrogate as U+FFFD,
-    see `mealquest.storable`) and never retried: raise it for what another
+    see `mealquest.storable`; past 2,000 characters, cut) and never
+    retried: raise it for what another
     attempt cannot fix. Every other exception is stored as
     `internal error` (its text is only logged) and retried while attempts last.
     """
