@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -189,6 +189,38 @@ def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(p
     assert plans[0]["generic_plans"] >= 7
     # Set for the claim's transaction only, not for what the connection runs next.
     assert setting == before != "force_generic_plan"
+
+
+@pytest.mark.parametrize(
+    ("zone", "due"),
+    [
+        ("America/New_York", datetime(1, 1, 1, 1, tzinfo=UTC)),
+        ("Asia/Tokyo", datetime(9999, 12, 31, 22, tzinfo=UTC)),
+    ],
+)
+def test_a_time_at_the_calendars_edge_reads_back_whatever_the_clients_time_zone(
+    pg_url, household, monkeypatch, zone, due
+):
+    # In a session of another zone, these would read as a year before 1 or
+    # after 9999, which no datetime holds: every read of the job, and every
+    # claim that takes it, would fail.
+    monkeypatch.setenv("PGTZ", zone)
+    zoned = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=1, listen=False)
+    try:
+        job_id = uuid.uuid4().hex
+        zoned.write(
+            jobs.insert_job,
+            job_id=job_id,
+            household_id=household,
+            kind="succeed",
+            payload="{}",
+            max_attempts=1,
+            on_interrupt=OnInterrupt.FAIL,
+            run_at=due,
+        )
+        assert zoned.read(jobs.get_job, job_id).run_at == to_text(due)
+    finally:
+        zoned.close()
 
 
 def test_claim_reads_the_database_clock_for_its_times(store, household):

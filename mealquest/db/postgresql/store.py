@@ -231,8 +231,14 @@ class PostgresStore:
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # Set once per connection (not as a startup option, which PgBouncer refuses).
+        # UTC: in another zone, a time at the calendar's edge (a job due in
+        # year 1) reads as a year no datetime holds, and every read of it fails.
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
-        conn.execute("SELECT set_config('statement_timeout', %s, false)", (f"{busy_ms}ms",))
+        conn.execute(
+            "SELECT set_config('statement_timeout', %s, false), "
+            "set_config('TimeZone', 'UTC', false)",
+            (f"{busy_ms}ms",),
+        )
 
     def _open_pool(self) -> ConnectionPool[psycopg.Connection[dict[str, Any]]]:
         self._check_process()
