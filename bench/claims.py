@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.common import fresh_database, store_pragmas
-from bench.throughput import CLAIM, INSERT, _stamp
+from bench.throughput import CLAIM, INSERT
+from mealquest.clock import to_text
 
 _FINISHED = "2024-01-01T00:00:00.000000Z"
 
@@ -42,7 +43,7 @@ def build_big_table(directory: Path, rows: int) -> str:
 
 def _enqueue(db: str, household: int, n: int) -> None:
     conn = sqlite3.connect(db, isolation_level=None)
-    now = _stamp(datetime.now(UTC))
+    now = to_text(datetime.now(UTC))
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
         INSERT, ((uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now) for _ in range(n))
@@ -73,7 +74,7 @@ def claim_rate_child(args: dict) -> dict:
     started = time.perf_counter()
     for _ in range(n):
         moment = datetime.now(UTC)
-        now, expires = _stamp(moment), _stamp(moment + timedelta(seconds=30))
+        now, expires = to_text(moment), to_text(moment + timedelta(seconds=30))
         conn.execute("BEGIN IMMEDIATE")
         rows = conn.execute(CLAIM, ("bench", expires, now, now, now, 1)).fetchall()
         conn.execute("COMMIT")

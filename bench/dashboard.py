@@ -34,8 +34,8 @@ r AS (
     SELECT x,
         CASE WHEN x % 1000 < 20 THEN 'queued' WHEN x % 1000 < 22 THEN 'running'
             WHEN x % 1000 < 82 THEN 'failed' ELSE 'succeeded' END AS status,
-        strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ((:rows - x) * 1209600 / :rows) || ' seconds')
-            AS at
+        strftime('%Y-%m-%dT%H:%M:%f000Z', 'now',
+            '-' || ((:rows - x) * 1209600 / :rows) || ' seconds') AS at
     FROM n
 )
 INSERT INTO jobs (id, household_id, kind, payload, status, result, error, attempt,
@@ -50,9 +50,9 @@ SELECT printf('%032x', x), 1 + x % :households,
     CASE WHEN status = 'failed' THEN 'the page could not be fetched (HTTP 404)' END,
     CASE WHEN status = 'queued' THEN 0 ELSE 1 END, 3,
     CASE WHEN status = 'queued' AND x % 2 = 0
-        THEN strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 day') ELSE at END,
+        THEN strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', '+1 day') ELSE at END,
     CASE WHEN status = 'running' THEN 'bench-owner' END,
-    CASE WHEN status = 'running' THEN strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+1 hour') END,
+    CASE WHEN status = 'running' THEN strftime('%Y-%m-%dT%H:%M:%f000Z', 'now', '+1 hour') END,
     at, at,
     CASE WHEN status <> 'queued' THEN at END,
     CASE WHEN status IN ('succeeded', 'failed') THEN at END

@@ -42,8 +42,9 @@ from bench.common import (
     wait_until,
 )
 from bench.loadgen import run_load
-from bench.throughput import INSERT, _stamp
+from bench.throughput import INSERT
 from bench.web import _seed
+from mealquest.clock import to_text
 
 # Any http(s) URL with a host passes validation; no handler fetches it (the pool is off).
 IMPORT_BODY = '{"url": "https://example.com/recipe"}'
@@ -64,7 +65,7 @@ def raw_concurrent_child(args: dict) -> dict:
         conn.execute("PRAGMA busy_timeout = 5000")
         ready.wait()
         while time.perf_counter() < deadline:
-            now = _stamp(datetime.now(UTC))
+            now = to_text(datetime.now(UTC))
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
             conn.execute("COMMIT")
@@ -239,11 +240,11 @@ def _frames_per_enqueue(db: str, household: int, n: int, drop_triggers: bool) ->
             conn.execute(f'DROP TRIGGER "{name}"')
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     # Warm: the first insert of a household and kind creates their counting rows.
-    now = _stamp(datetime.now(UTC))
+    now = to_text(datetime.now(UTC))
     conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
     before = _wal_frames(db)
     for _ in range(n):
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
         conn.execute("COMMIT")

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import fresh_database
-from bench.throughput import INSERT, _stamp
+from bench.throughput import INSERT
+from mealquest.clock import to_text
 
 # The oldest-first claim the runner made before fair claiming, for comparison.
 OLDEST_FIRST = (
@@ -47,7 +48,7 @@ def build_queue(directory: Path, name: str, households: int, jobs: int) -> str:
         ).lastrowid
         for number in range(1, households)
     ]
-    now = _stamp(datetime.now(UTC))
+    now = to_text(datetime.now(UTC))
     conn.executemany(
         INSERT,
         (
@@ -78,7 +79,7 @@ def fair_claim_child(args: dict) -> dict:
             moment = datetime.now(UTC)
             rows = tx.execute(
                 OLDEST_FIRST,
-                {"owner": "bench", "expires": _stamp(moment), "now": _stamp(moment), "limit": 1},
+                {"owner": "bench", "expires": to_text(moment), "now": to_text(moment), "limit": 1},
             ).fetchall()
             return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
         claimed = queries.claim(tx, owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",))

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import fresh_database, rss_bytes, wait_until
-from bench.throughput import ACTIVE, INSERT, _stamp, stop_processes, worker_process
+from bench.throughput import ACTIVE, INSERT, stop_processes, worker_process
+from mealquest.clock import to_text
 
 _BATCH = 5_000
 
@@ -23,7 +24,7 @@ _BATCH = 5_000
 def _feed(conn: sqlite3.Connection, household: int, n: int) -> None:
     while n > 0:
         batch = min(n, _BATCH)
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             INSERT,

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bench.common import REPO, fresh_database, store_pragmas, wait_until
+from mealquest.clock import to_text
 
 # The store's statements, copied from mealquest/jobs/queries.py (claim with LIMIT 1).
 INSERT = (
@@ -45,11 +46,6 @@ ACTIVE = (
     "SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') "
     "OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running')"
 )
-_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.strftime(_FORMAT)
 
 
 def raw_child(args: dict) -> dict:
@@ -60,7 +56,7 @@ def raw_child(args: dict) -> dict:
     household, n = args["household"], args["jobs"]
     started = time.perf_counter()
     for _ in range(n):
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
         conn.execute("COMMIT")
@@ -68,14 +64,14 @@ def raw_child(args: dict) -> dict:
     owner = secrets.token_hex(16)
     while True:
         moment = datetime.now(UTC)
-        now, expires = _stamp(moment), _stamp(moment + timedelta(seconds=30))
+        now, expires = to_text(moment), to_text(moment + timedelta(seconds=30))
         conn.execute("BEGIN IMMEDIATE")
         rows = conn.execute(CLAIM, (owner, expires, now, now, now, 1)).fetchall()
         conn.execute("COMMIT")
         if not rows:
             break
         job_id, attempt = rows[0][0], rows[0][8]
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(SUCCEED, ("{}", now, now, job_id, owner, attempt))
         conn.execute("COMMIT")
@@ -116,20 +112,20 @@ def minimal_child(args: dict) -> dict:
     n = args["jobs"]
     started = time.perf_counter()
     for _ in range(n):
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(MINIMAL_INSERT, (now, now))
         conn.execute("COMMIT")
     enqueued = time.perf_counter()
     owner = secrets.token_hex(16)
     while True:
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         row = conn.execute(MINIMAL_CLAIM, (owner, now)).fetchone()
         conn.execute("COMMIT")
         if row is None:
             break
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.execute(MINIMAL_SUCCEED, ("{}", now, row[0], owner))
         conn.execute("COMMIT")
@@ -298,7 +294,7 @@ def drain_by_processes(workdir: Path, count: int, n: int, workers: int) -> float
         if any(p.poll() is not None for p in processes):
             raise RuntimeError("a worker exited:\n" + "\n".join(log.read_text() for log in logs))
         conn = sqlite3.connect(db, isolation_level=None)
-        now = _stamp(datetime.now(UTC))
+        now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             INSERT,
