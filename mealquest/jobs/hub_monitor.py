@@ -1,7 +1,7 @@
 """Names the job whose handler blocked the event loop.
 
 A handler that blocks the hub (a CPU loop, a blocking C call) stops every
-greenlet of its process: heartbeats, HTTP requests, the other jobs. gevent's
+greenlet of its process: heartbeats, HTTP requests, the other jobs. A native
 monitor thread notices a hub that has not switched for `max_blocking_time`
 and reports the greenlet that held it; this turns that report into one
 ERROR line with the job's id and kind, so the poison job can be found. What
@@ -12,14 +12,13 @@ the interruption policy's business.
 from __future__ import annotations
 
 import logging
-import warnings
 import weakref
 from typing import Any
 
 import gevent
 from gevent import events
-from gevent._monitor import MonitorWarning
-from gevent.hub import get_hub
+from gevent._monitor import PeriodicMonitoringThread
+from gevent.hub import Hub, get_hub
 
 from mealquest.jobs.executor import Executor
 
@@ -29,10 +28,36 @@ _executors: weakref.WeakSet[Executor] = weakref.WeakSet()
 _subscribed = False
 
 
+class BlockedHubMonitor(PeriodicMonitoringThread):
+    """gevent's monitor thread, reporting a blocked hub by its greenlet alone.
+
+    gevent's own report holds the stack of every thread, read through
+    `sys._current_frames()`. On CPython 3.11 that call can freeze the whole
+    process for good: it holds the interpreter's lock on its list of threads
+    while it allocates, a garbage collection may start there, and freeing a
+    thread-local object takes that same lock again (CPython issue 106883;
+    3.12 no longer collects inside the call). The monitor makes its report
+    exactly when a handler misbehaves, and a test process froze in it. The
+    greenlet is all the job's ERROR line needs; the event's report is empty.
+    """
+
+    def monitor_blocking(self, hub: Hub) -> tuple[Any, list[str]] | None:
+        blocked = self._greenlet_tracer.did_block_hub(hub)
+        if not blocked:
+            return None
+        greenlet = blocked[1]
+        events.notify(
+            events.EventLoopBlocked(greenlet, gevent.config.max_blocking_time, [], hub=hub)
+        )
+        return greenlet, []
+
+
 def watch(executor: Executor, max_blocking_seconds: float) -> None:
     """Report handlers of `executor` that block the hub longer than the limit.
 
     Call from the hub's own thread (the monitor installs its tracer there).
+    A monitor gevent already runs (`GEVENT_MONITOR_THREAD_ENABLE`) is kept:
+    its reports reach this module too.
     """
     global _subscribed
     _executors.add(executor)
@@ -43,17 +68,11 @@ def watch(executor: Executor, max_blocking_seconds: float) -> None:
     gevent.config.max_blocking_time = max_blocking_seconds
     hub = get_hub()
     if hub.periodic_monitoring_thread is None:
-        # Our ERROR line replaces gevent's stack dump on stderr.
-        gevent.config.print_blocking_reports = False
-        gevent.config.monitor_thread = True
-        with warnings.catch_warnings():
-            # Memory monitoring wants psutil; only the blocking report is used.
-            warnings.simplefilter("ignore", MonitorWarning)
-            hub.start_periodic_monitoring_thread()
+        hub.periodic_monitoring_thread = BlockedHubMonitor(hub)
 
 
 def _on_event(event: Any) -> None:
-    # Runs in gevent's monitor thread while the hub is blocked: read only.
+    # Runs in the monitor thread while the hub is blocked: read only.
     if not isinstance(event, events.EventLoopBlocked):
         return
     for executor in list(_executors):
