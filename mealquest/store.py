@@ -529,6 +529,9 @@ class Store:
         self._writer: _WriterThread | None = None
         self._writer_conn: sqlite3.Connection | None = None
         self._reader_conn: sqlite3.Connection | None = None
+        # Counts the reader connections opened: a new one's `data_version`
+        # starts afresh, so a change marker names its connection too.
+        self._readers_opened = 0
         self._writes_since_checkpoint = 0  # the writer thread's own count
         # Set by the writer thread when a write meets a storage fault, cleared
         # when a write that changed something commits (see `_end_write_fault`).
@@ -930,6 +933,16 @@ class Store:
         """SQLite's counter that changes when another connection commits (microseconds)."""
         return self.read(lambda conn: conn.execute("PRAGMA data_version").fetchone()[0])
 
+    def change_marker(self) -> tuple[int, int]:
+        """Equal to an earlier marker only if nothing has committed since it was
+        taken: the reader connection's `PRAGMA data_version` (which counts every
+        other connection's commits, this process's writer's too) and which
+        reader connection counted them."""
+        return self.read(self._marker_of)
+
+    def _marker_of(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        return self._readers_opened, conn.execute("PRAGMA data_version").fetchone()[0]
+
     def _reader(self) -> sqlite3.Connection:
         self._check_process()
         if self._reader_conn is None:
@@ -938,6 +951,7 @@ class Store:
             )
             conn.execute("PRAGMA query_only = ON")
             self._reader_conn = conn
+            self._readers_opened += 1
         return self._reader_conn
 
     def _roll_back_reader(self, conn: sqlite3.Connection | None) -> None:

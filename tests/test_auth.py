@@ -134,7 +134,8 @@ def test_a_job_read_with_a_token_revoked_by_another_process_is_401_on_the_next_r
     client, jobs, database, household, other_household
 ):
     """The job route checks its token in the statement that reads the job (no
-    hook, no cache): `flask tokens revoke` in another process shows at once."""
+    hook; its answer is kept only while nothing commits): `flask tokens revoke`
+    in another process shows at once."""
     second = create_token(jobs.store, household.household_id)
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     path = f"/api/v1/jobs/{job_id}"

@@ -269,3 +269,35 @@ def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, s
         assert list(dump_job(job)) == list(schema.fields)
         assert client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json() == schema.dump(job)
     assert statuses == {Status.SUCCEEDED, Status.FAILED, Status.QUEUED, Status.RUNNING}
+
+
+def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, store, household):
+    """The job route answers again from what it read while nothing commits
+    (`ReadCache`); every change of the job shows at the very next poll."""
+    from mealquest.jobs.model import Transition
+    from mealquest.jobs.schemas import JobSchema
+
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    path = f"/api/v1/jobs/{job_id}"
+
+    def poll_twice():
+        first, again = client.get(path, headers=auth), client.get(path, headers=auth)
+        assert first.status_code == again.status_code == 200
+        assert first.content_type == again.content_type == "application/json"
+        assert first.data == again.data
+        assert first.get_json() == JobSchema().dump(jobs.get(job_id))
+        return first.get_json()
+
+    assert poll_twice()["status"] == "queued"
+    (claimed,) = store.write(
+        store.jobs.claim, owner="w.1", lease_seconds=60, limit=1, kinds=["succeed"]
+    )
+    assert poll_twice()["status"] == "running"
+    store.write(store.jobs.publish, claimed.lease, result='{"value": 2}')
+    assert poll_twice()["result"] == {"value": 2}
+    store.write(
+        store.jobs.transition_many,
+        [Transition(claimed.lease, to=Status.SUCCEEDED, result='{"value": 3}')],
+    )
+    assert poll_twice()["status"] == "succeeded"
+    assert poll_twice()["result"] == {"value": 3}

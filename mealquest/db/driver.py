@@ -10,7 +10,7 @@ modules have the same functions with the same meaning; a conformance suite runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from types import ModuleType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -77,6 +77,12 @@ class Store(Protocol):
     def data_version(self) -> int:
         """A number that changes when another process may have committed: the
         idle producer's cheap filter before it looks for a due job."""
+
+    def change_marker(self) -> Hashable | None:
+        """A value equal to an earlier one only if nothing has committed since
+        that one was taken, from any connection, process or host; None when the
+        database has no cheap way to tell (every read then goes to it). What
+        lets `ReadCache` answer a read again without a stale answer."""
 
     def check_writable(self) -> None:
         """Raise `StoreUnavailable` unless a write can commit now (for /healthz)."""

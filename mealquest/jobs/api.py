@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint, current_app, request
+from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
 
 from mealquest.auth import (
@@ -16,8 +17,8 @@ from mealquest.auth import (
     require_token,
 )
 from mealquest.errors import conflict, not_found
-from mealquest.extensions import get_jobs
-from mealquest.households import digest_of_wellformed
+from mealquest.extensions import get_jobs, get_store
+from mealquest.households import Household, digest_of_wellformed
 from mealquest.jobs.model import Status
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
@@ -29,6 +30,7 @@ from mealquest.jobs.schemas import (
 )
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
+from mealquest.read_cache import ReadCache
 
 bp = Blueprint("jobs", __name__, url_prefix="/jobs")
 
@@ -41,6 +43,21 @@ _list_schema = JobListSchema()
 _query_schema = JobListQuerySchema()
 
 
+# Answers of `GET /jobs/<id>` a process gives again while nothing commits:
+# about the jobs being polled at once; each entry holds a job's encoded body.
+ANSWERS_KEPT = 256
+_ANSWERS_KEY = "mealquest.jobs.answers"
+
+# An answer: the token's household (None: no live token) and the job's
+# encoded body (None: the household has no job of that id).
+_Answer = tuple[Household | None, bytes | None]
+
+
+@bp.record_once
+def _keep_answers(state: BlueprintSetupState) -> None:
+    state.app.extensions[_ANSWERS_KEY] = ReadCache(get_store(state.app), ANSWERS_KEPT)
+
+
 @bp.get("/<job_id>")
 @operation(path=_path_schema, response=_job_schema)
 def get_job(job_id: str) -> ResponseReturnValue:
@@ -48,22 +65,38 @@ def get_job(job_id: str) -> ResponseReturnValue:
     # Authenticated here (the API's hook lets this route through): the job is
     # read in the statement that checks the token is live, so a revoked token
     # is refused by the very request after its revocation, from any process.
-    # A malformed id, an unknown id and another household's job all answer
-    # the same 404, so ids cannot be probed across households.
-    digest = digest_of_wellformed(bearer_token())
-    if digest is None or not _job_id.match(job_id):
+    # A household polls this route, so its answer is kept while nothing
+    # commits (`ReadCache`: a commit anywhere, a revocation included, drops
+    # it). Keyed by the header as sent, which is all the answer depends on
+    # besides the database. A malformed id, an unknown id and another
+    # household's job all answer the same 404, so ids cannot be probed
+    # across households.
+    header = request.headers.get("Authorization")
+    if header is None or not _job_id.match(job_id):
         refused = require_token()
         if refused is not None:
             return refused
         raise not_found("job not found")
-    found = get_jobs().get_with_token(job_id, digest)
-    if found is None:
+    answers: ReadCache[tuple[str, str], _Answer] = current_app.extensions[_ANSWERS_KEY]
+    household, body = answers.get((job_id, header), lambda: _read_answer(job_id))
+    if household is None:
         return refuse_token()
-    household, job = found
     authenticated_as(household)
-    if job is None:
+    if body is None:
         raise not_found("job not found")
-    return dump_job(job)
+    return current_app.response_class(body, mimetype=current_app.json.mimetype)
+
+
+def _read_answer(job_id: str) -> _Answer:
+    """The household of the request's token and its job's body, from the database."""
+    digest = digest_of_wellformed(bearer_token())
+    found = None if digest is None else get_jobs().get_with_token(job_id, digest)
+    if found is None:
+        return None, None
+    household, job = found
+    if job is None:
+        return household, None
+    return household, current_app.json.response(dump_job(job)).get_data()
 
 
 @bp.get("")

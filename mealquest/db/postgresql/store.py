@@ -362,6 +362,10 @@ class PostgresStore:
 
     # -- change detection -------------------------------------------------------
 
+    def change_marker(self) -> None:
+        """None: PostgreSQL has no cheap counter of every commit, so no read is
+        answered from a cache (see `mealquest.read_cache`)."""
+
     def data_version(self) -> int:
         """A number that changes when another process may have enqueued a job.
 
