@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import fresh_database, rss_bytes, wait_until
-from bench.throughput import ACTIVE, INSERT, stop_processes, worker_process
+from bench.throughput import ACTIVE, INSERT, start_workers, stop_processes
 from mealquest.clock import to_text
 
 _BATCH = 5_000
@@ -39,15 +39,8 @@ def _feed(conn: sqlite3.Connection, household: int, n: int) -> None:
 def worker_rss(workdir: Path, small: int, large: int, workers: int) -> dict:
     db, household = fresh_database(workdir, "memory.sqlite3")
     log = workdir / "memory-worker.log"
-    process = worker_process(db, log, JOB_WORKERS=workers)
+    (process,) = start_workers(db, [log], JOB_WORKERS=workers)
     try:
-        wait_until(
-            lambda: "job pool started" in log.read_text() or process.poll() is not None,
-            timeout=60,
-            what="worker ready",
-        )
-        if process.poll() is not None:
-            raise RuntimeError(f"the worker exited:\n{log.read_text()}")
         conn = sqlite3.connect(db, isolation_level=None)
         _feed(conn, household, small)
         time.sleep(0.5)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import wait_until
-from bench.throughput import stop_processes, worker_process
+from bench.throughput import start_workers, stop_processes
 
 # The driver's statements (the PostgreSQL job queries), with a claim of LIMIT 1.
 _COLUMNS = (
@@ -189,18 +189,8 @@ def drain_by_processes(
     from psycopg.rows import dict_row
 
     logs = [workdir / f"pg-procs{count}-{i}.log" for i in range(count)]
-    processes = [worker_process(None, log, DATABASE_URL=url, JOB_WORKERS=workers) for log in logs]
+    processes = start_workers(None, logs, DATABASE_URL=url, JOB_WORKERS=workers)
     try:
-        wait_until(
-            lambda: (
-                all("job pool started" in log.read_text() for log in logs)
-                or any(p.poll() is not None for p in processes)
-            ),
-            timeout=60,
-            what="worker processes ready",
-        )
-        if any(p.poll() is not None for p in processes):
-            raise RuntimeError("a worker exited:\n" + "\n".join(log.read_text() for log in logs))
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
             with conn.transaction():
                 conn.execute(BULK_INSERT, (household, n))

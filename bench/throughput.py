@@ -265,6 +265,38 @@ def worker_process(db: str | None, log: Path, **config: object) -> subprocess.Po
     )
 
 
+def start_workers(db: str | None, logs: list[Path], **config: object) -> list[subprocess.Popen]:
+    """A `worker_process` per log, returned once every one has started its pool.
+
+    The logs are appended to, and a section's rounds reuse them: only what a
+    log gained after its process started counts (the pool started line of an
+    earlier round's process would start the clock while this one still boots).
+    """
+    marks = [(log, log.stat().st_size if log.exists() else 0) for log in logs]
+    processes = [worker_process(db, log, **config) for log in logs]
+
+    def written(log: Path, offset: int) -> str:
+        with log.open("rb") as file:
+            file.seek(offset)
+            return file.read().decode(errors="replace")
+
+    try:
+        wait_until(
+            lambda: (
+                all("job pool started" in written(*mark) for mark in marks)
+                or any(p.poll() is not None for p in processes)
+            ),
+            timeout=60,
+            what="worker processes ready",
+        )
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError("a worker exited:\n" + "\n".join(written(*mark) for mark in marks))
+    except BaseException:
+        stop_processes(processes)
+        raise
+    return processes
+
+
 def stop_processes(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
@@ -281,18 +313,8 @@ def drain_by_processes(workdir: Path, count: int, n: int, workers: int) -> float
     """Seconds for `count` worker processes to drain `n` jobs committed at once."""
     db, household = fresh_database(workdir, f"procs{count}.sqlite3")
     logs = [workdir / f"procs{count}-{i}.log" for i in range(count)]
-    processes = [worker_process(db, log, JOB_WORKERS=workers) for log in logs]
+    processes = start_workers(db, logs, JOB_WORKERS=workers)
     try:
-        wait_until(
-            lambda: (
-                all("job pool started" in log.read_text() for log in logs)
-                or any(p.poll() is not None for p in processes)
-            ),
-            timeout=60,
-            what="worker processes ready",
-        )
-        if any(p.poll() is not None for p in processes):
-            raise RuntimeError("a worker exited:\n" + "\n".join(log.read_text() for log in logs))
         conn = sqlite3.connect(db, isolation_level=None)
         now = to_text(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
