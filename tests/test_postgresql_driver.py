@@ -273,6 +273,34 @@ def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
     assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
 
 
+def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(
+    store, pg_url, household
+):
+    """Several processes claim at once: each claim skips the households the
+    others hold and takes the next ones in turn, so they work side by side."""
+    others = [
+        store.write(households.create_household, name=name, token_sha256=digest * 64)[0]
+        for name, digest in (("Joneses", "b"), ("Lees", "c"))
+    ]
+    in_turn = [household, *others]
+    for owner in in_turn:
+        enqueue(store, owner)
+        enqueue(store, owner)
+    claims = [raw_transaction(store, pg_url) for _ in in_turn]
+    try:
+        taken = [
+            jobs.claim(tx, owner=f"p{n}", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+            for n, tx in enumerate(claims)
+        ]
+        for tx in claims:
+            tx.conn.execute("COMMIT")
+    finally:
+        for tx in claims:
+            tx.conn.close()
+
+    assert [[job.household_id for job in batch] for batch in taken] == [[h] for h in in_turn]
+
+
 def test_a_claim_never_deadlocks_with_a_transaction_holding_a_household_it_wants(
     store, pg_url, household
 ):

@@ -298,6 +298,11 @@ def _most_of_kind(
 
 # The order households take turns in (columns of `household_queues` and the running count).
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+# A claim of `limit` jobs ranks this many times `limit` households and takes
+# the first `limit` of them that no other claim holds: claims made at once
+# (by several processes or hosts) each find households of their own instead
+# of all choosing the same best ones and all but one taking nothing.
+_HOUSEHOLDS_CONSIDERED_PER_PLACE = 4
 
 
 def _claim_one_priority(
@@ -329,7 +334,9 @@ def _claim_one_priority(
     household's row (an enqueue, a retry or a rescue for it, whose triggers
     lock it, or a claim) while it waits for a row this one holds, and
     waiting would deadlock. A household skipped so is served by the next
-    claim. Only the kinds
+    claim, and this one takes the next households in turn instead: claims
+    made at once, by several processes, each take households of their own.
+    Only the kinds
     this process can run: during a rolling deploy that adds a kind, older
     processes leave its jobs queued. `kind_limits` caps how many of a kind
     this claim takes (the process's room for it); `kind_caps` how many of a
@@ -408,7 +415,7 @@ WITH {full_kinds}idle AS (
                     WHERE r.household_id = q.household_id AND r.status = 'running')
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
                 ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
-    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(limit)s
+    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(considered)s
 ),
 busy AS (
     SELECT q.household_id, b.running, q.served_at, q.served_jobs,
@@ -420,19 +427,16 @@ busy AS (
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
                 ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
 ),
-chosen AS (
+chosen AS MATERIALIZED (
     SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
     FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY {_TURN} LIMIT %(limit)s
-),
-locked AS (
-    SELECT q.household_id FROM household_queues AS q
-    WHERE q.household_id IN (SELECT household_id FROM chosen)
-    ORDER BY q.household_id FOR UPDATE OF q SKIP LOCKED
+    ORDER BY {_TURN} LIMIT %(considered)s
 ),
 candidates AS (
     SELECT c.household_id, c.running, c.place
-    FROM chosen AS c JOIN locked AS l USING (household_id)
+    FROM chosen AS c JOIN household_queues AS q USING (household_id)
+    ORDER BY c.place LIMIT %(limit)s
+    FOR UPDATE OF q SKIP LOCKED
 ),
 picks AS (
     SELECT j.seq, j.kind, j.run_at, c.place,
@@ -454,6 +458,7 @@ RETURNING {_qualified("jobs")}""",
             "now": now,
             "kinds": list(kinds),
             "limit": limit,
+            "considered": limit * _HOUSEHOLDS_CONSIDERED_PER_PLACE,
             "owner": owner,
             "lease_seconds": float(lease_seconds),
             **most_params,
