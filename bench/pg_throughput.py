@@ -51,12 +51,15 @@ ACTIVE = (
     "SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued') "
     "OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running') AS active"
 )
-# N jobs committed at once, with the wake-up an enqueue sends listening workers.
+# N jobs committed at once, with the wake-up an enqueue sends listening
+# workers: posted in turns by the households named (job i by the i-th, round).
 BULK_INSERT = (
     "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
     "run_at, created_at, updated_at) "
-    "SELECT replace(gen_random_uuid()::text, '-', ''), %s, 'noop', '{}', 'queued', 1, 'fail', "
-    "now(), now(), now() FROM generate_series(1, %s)"
+    "SELECT replace(gen_random_uuid()::text, '-', ''), "
+    "(%(households)s::bigint[])[1 + i %% cardinality(%(households)s::bigint[])], "
+    "'noop', '{}', 'queued', 1, 'fail', now(), now(), now() "
+    "FROM generate_series(0, %(n)s - 1) AS g(i)"
 )
 NOTIFY = "NOTIFY mealquest_jobs"
 
@@ -182,9 +185,11 @@ CHILDREN = {
 
 
 def drain_by_processes(
-    url: str, household: int, workdir: Path, count: int, n: int, workers: int
+    url: str, household: int, workdir: Path, count: int, n: int, workers: int, households: int
 ) -> float:
-    """Seconds for `count` `flask jobs work` processes to drain `n` jobs committed at once."""
+    """Seconds for `count` `flask jobs work` processes to drain `n` jobs committed
+    at once, posted by `households` households in turns (`household` and others
+    made for the run)."""
     import psycopg
     from psycopg.rows import dict_row
 
@@ -192,8 +197,14 @@ def drain_by_processes(
     processes = start_workers(None, logs, DATABASE_URL=url, JOB_WORKERS=workers)
     try:
         with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            others = conn.execute(
+                "INSERT INTO households (name) SELECT 'bench ' || g "
+                "FROM generate_series(2, %s) AS g RETURNING id",
+                (households,),
+            ).fetchall()
+            posting = [household, *(row["id"] for row in others)]
             with conn.transaction():
-                conn.execute(BULK_INSERT, (household, n))
+                conn.execute(BULK_INSERT, {"households": posting, "n": n})
                 conn.execute(NOTIFY)
             started = time.perf_counter()
             wait_until(lambda: not _active(conn), timeout=600, interval=0.002, what="drained")
