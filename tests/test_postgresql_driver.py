@@ -273,9 +273,7 @@ def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
     assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
 
 
-def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(
-    store, pg_url, household
-):
+def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store, pg_url, household):
     """Several processes claim at once: each claim skips the households the
     others hold and takes the next ones in turn, so they work side by side."""
     others = [

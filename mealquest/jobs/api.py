@@ -77,14 +77,15 @@ def get_job(job_id: str) -> ResponseReturnValue:
         if refused is not None:
             return refused
         raise not_found("job not found")
-    answers: ReadCache[tuple[str, str], _Answer] = current_app.extensions[_ANSWERS_KEY]
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    answers: ReadCache[tuple[str, str], _Answer] = app.extensions[_ANSWERS_KEY]
     household, body = answers.get((job_id, header), lambda: _read_answer(job_id))
     if household is None:
         return refuse_token()
     authenticated_as(household)
     if body is None:
         raise not_found("job not found")
-    return current_app.response_class(body, mimetype=current_app.json.mimetype)
+    return app.response_class(body, mimetype=app.json.mimetype)
 
 
 def _read_answer(job_id: str) -> _Answer:
