@@ -182,3 +182,44 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(empty_url):
         "jobs_queue_delete",
     }
     assert indexes >= {"jobs_claim", "jobs_finished"}
+
+
+# `n` queued jobs of household %s, written as 0006's schema takes them.
+_QUEUE_JOBS = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
+    "run_at, created_at, updated_at) SELECT md5(random()::text), %s, 'succeed', '{}', "
+    "'queued', 1, 'fail', now(), now(), now() FROM generate_series(1, %s)"
+)
+
+
+def test_the_queue_counts_migration_counts_the_jobs_already_queued(empty_url):
+    """0007 adds each household's queued count to its queue row, counting the
+    jobs queued before it; the triggers keep it from there."""
+    migrate.upgrade(empty_url, target=6)
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        households = [
+            conn.execute(
+                "INSERT INTO households (name) VALUES (%s) RETURNING id", (name,)
+            ).fetchone()[0]
+            for name in ("Smiths", "Joneses")
+        ]
+        for household, queued in zip(households, (3, 1), strict=True):
+            conn.execute(_QUEUE_JOBS, (household, queued))
+        conn.execute(
+            "UPDATE jobs SET status = 'running', attempt = 1, started_at = now(), "
+            "lease_owner = 'w', lease_expires_at = now() + interval '1 minute' "
+            "WHERE seq = (SELECT min(seq) FROM jobs)"
+        )
+    migrate.upgrade(empty_url)
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+
+        def counts():
+            rows = conn.execute("SELECT household_id, queued FROM household_queues")
+            return dict(rows.fetchall())
+
+        assert counts() == {households[0]: 2, households[1]: 1}
+        conn.execute(_QUEUE_JOBS, (households[1], 1))
+        conn.execute(
+            "DELETE FROM jobs WHERE household_id = %s AND status = 'queued'", (households[0],)
+        )
+        assert counts() == {households[1]: 2}

@@ -770,21 +770,20 @@ _QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
 
 
 def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> int:
-    """The household's queued and running jobs (its quota's use), counted up to
-    `at_most` of each (the quota: the cost stays bounded by it) under a
+    """The household's queued and running jobs (its quota's use), under a
     transaction advisory lock on the household: concurrent enqueues of one
     household wait for each other's commit, so the count stays true until
     this transaction commits. Read in a statement after the lock, so it sees
-    every enqueue that committed before."""
+    every enqueue that committed before. Queued ones are counted on the
+    household's queue row (kept by the queue triggers in the same
+    transactions: one probe, however many wait); running ones through their
+    partial index, up to `at_most` (the quota)."""
     tx.execute(
         "SELECT pg_advisory_xact_lock(%s, (%s::bigint %% 2147483647)::integer)",
         (_QUOTA_LOCK_CLASS, household_id),
     ).fetchall()
-    # Each status on its own, so that each is read through its partial index
-    # (only pending rows), never through the household's finished jobs.
     row = tx.execute(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE household_id = %(h)s "
-        "AND status = 'queued' LIMIT %(most)s) AS queued) "
+        "SELECT coalesce((SELECT queued FROM household_queues WHERE household_id = %(h)s), 0) "
         "+ (SELECT count(*) FROM (SELECT 1 FROM jobs WHERE household_id = %(h)s "
         "AND status = 'running' LIMIT %(most)s) AS running) AS pending",
         {"h": household_id, "most": at_most},
