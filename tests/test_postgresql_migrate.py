@@ -223,3 +223,72 @@ def test_the_queue_counts_migration_counts_the_jobs_already_queued(empty_url):
             "DELETE FROM jobs WHERE household_id = %s AND status = 'queued'", (households[0],)
         )
         assert counts() == {households[1]: 2}
+
+
+def test_a_job_written_while_the_queue_counts_migration_runs_is_counted(empty_url, tmp_path):
+    """The old code serves while 0007 runs: an enqueue made meanwhile must be
+    counted, whether it was in flight when the migration began or came after.
+    The test holds the migration after its first statements (an advisory lock
+    it waits on), makes an enqueue while it waits, then lets both go."""
+    directory = tmp_path / "migrations"
+    directory.mkdir()
+    for migration in discover(migrate.POSTGRESQL_MIGRATIONS_DIR):
+        if migration.version <= 7:
+            shutil.copy(migration.path, directory)
+    counts_file = next(directory.glob("0007_*.sql"))
+    held = 0x6D71_7465  # the test's own advisory lock
+    text = counts_file.read_text()
+    first_function = text.index("CREATE OR REPLACE FUNCTION")
+    counts_file.write_text(
+        f"{text[:first_function]}SELECT pg_advisory_xact_lock({held});\n\n{text[first_function:]}"
+    )
+    migrate.upgrade(empty_url, directory, target=6)
+    with psycopg.connect(empty_url, autocommit=True) as conn:
+        household = conn.execute(
+            "INSERT INTO households (name) VALUES ('Smiths') RETURNING id"
+        ).fetchone()[0]
+        conn.execute(_QUEUE_JOBS, (household, 2))
+    outcomes: list[object] = []
+
+    def run(work):
+        try:
+            outcomes.append(work())
+        except BaseException as error:
+            outcomes.append(error)
+
+    def enqueue():
+        with psycopg.connect(empty_url, autocommit=True) as writer:
+            writer.execute(_QUEUE_JOBS, (household, 1))
+        return "enqueued"
+
+    def waiting_on_locks() -> int:
+        return holder.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+
+    with psycopg.connect(empty_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (held,))
+        migration = threading.Thread(
+            target=run, args=(lambda: migrate.upgrade(empty_url, directory),)
+        )
+        migration.start()
+        # A deadline for a loaded machine; a passing test never waits it out.
+        wait_for(lambda: waiting_on_locks() == 1, timeout=60)
+        writer = threading.Thread(target=run, args=(enqueue,))
+        writer.start()
+        # The enqueue waits too: on the migration's lock of `jobs` (before
+        # writing its row), never half done behind the migration.
+        wait_for(lambda: waiting_on_locks() == 2, timeout=60)
+        holder.execute("SELECT pg_advisory_unlock(%s)", (held,))
+        migration.join(60)
+        writer.join(60)
+
+    assert not any(isinstance(outcome, BaseException) for outcome in outcomes), outcomes
+    with psycopg.connect(empty_url) as conn:
+        counted = conn.execute(
+            "SELECT queued FROM household_queues WHERE household_id = %s", (household,)
+        ).fetchone()[0]
+        actual = conn.execute(
+            "SELECT count(*) FROM jobs WHERE household_id = %s AND status = 'queued'", (household,)
+        ).fetchone()[0]
+    assert (counted, actual) == (3, 3)

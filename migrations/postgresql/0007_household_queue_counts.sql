@@ -8,7 +8,22 @@
 -- ends, so concurrent changes of one household's count take turns). The
 -- count is not in an index: changing it alone leaves the row's index
 -- entries as they are.
-ALTER TABLE household_queues ADD COLUMN queued integer NOT NULL DEFAULT 0 CHECK (queued >= 0);
+--
+-- Migrations run while the old code serves. The jobs table is locked first,
+-- so that every write to it in flight commits before the count is taken
+-- and none starts until the new functions are in place: a write whose
+-- trigger waited on the ALTER below would otherwise go on in the old
+-- function, which does not count. (A claim that already holds its
+-- household_queues lock and waits for this one is a deadlock PostgreSQL
+-- breaks by failing one of the two; either can simply be run again.)
+--
+-- A count never goes below zero, and a household's row, with its count, is
+-- dropped whenever its queue empties: a count that drifted (which nothing
+-- here should let happen) errs the quota by that much until then, and never
+-- stops a claim.
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
+
+ALTER TABLE household_queues ADD COLUMN queued integer NOT NULL DEFAULT 0;
 
 UPDATE household_queues AS q SET queued = (
     SELECT count(*) FROM jobs AS j WHERE j.household_id = q.household_id AND j.status = 'queued'
@@ -63,7 +78,7 @@ BEGIN
     SET served_jobs = q.served_jobs + (served IS NOT NULL)::integer,
         served_at = coalesce(served, q.served_at),
         head_run_at = head.run_at, head_seq = head.seq,
-        queued = q.queued - leaving
+        queued = greatest(q.queued - leaving, 0)
     WHERE q.household_id = household;
     IF NOT FOUND THEN
         -- No row for a household with queued jobs: made afresh, counted once.
@@ -75,7 +90,7 @@ BEGIN
         SET served_jobs = q.served_jobs + (served IS NOT NULL)::integer,
             served_at = coalesce(served, q.served_at),
             head_run_at = excluded.head_run_at, head_seq = excluded.head_seq,
-            queued = excluded.queued;
+            queued = greatest(q.queued - leaving, 0);
     END IF;
 END $$;
 
