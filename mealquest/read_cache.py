@@ -32,9 +32,10 @@ class ReadCache(Generic[K, V]):
         self._marker: Hashable | None = None
         self._entries: dict[K, V] = {}
 
-    def get(self, key: K, read: Callable[[], V]) -> V:
+    def get(self, key: K, read: Callable[[], V], keep: Callable[[V], bool] | None = None) -> V:
         """The answer `read()` gives now, from the cache when nothing has committed
-        since it was read; `read` must depend on nothing but the database and `key`."""
+        since it was read; `read` must depend on nothing but the database and `key`.
+        An answer `keep` refuses (a large one, say) is read every time."""
         # Taken before the read: a commit landing during the read leaves an
         # entry filed under the older marker, which the next call drops.
         marker = self._store.change_marker()
@@ -52,7 +53,7 @@ class ReadCache(Generic[K, V]):
         # A read may yield to other greenlets (a busy database is retried);
         # if one of them saw a newer marker meanwhile, this answer may be older
         # than the entries now kept, and is not kept.
-        if self._marker == marker:
+        if self._marker == marker and (keep is None or keep(value)):
             entries = self._entries
             if key not in entries and len(entries) >= self._max_entries:
                 del entries[next(iter(entries))]

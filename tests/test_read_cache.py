@@ -144,6 +144,19 @@ def test_at_most_max_entries_are_kept_the_oldest_dropped_first(store):
     assert cache.get("c", lambda: "read again") == "c"
 
 
+@pytest.mark.sqlite_only
+def test_an_answer_keep_refuses_is_read_every_time(store):
+    cache = ReadCache(store, 8)
+    read = CountedRead(store)
+    for _ in range(3):
+        assert cache.get("names", read, keep=lambda names: len(names) > 0) == []
+    assert read.reads == 3
+    create_household(store, "The Smiths")
+    for _ in range(3):
+        assert cache.get("names", read, keep=lambda names: len(names) > 0) == ["The Smiths"]
+    assert read.reads == 4
+
+
 def test_max_entries_must_be_positive(store):
     with pytest.raises(ValueError, match="max_entries"):
         ReadCache(store, 0)

@@ -18,7 +18,7 @@ from mealquest.auth import (
 )
 from mealquest.errors import conflict, not_found
 from mealquest.extensions import get_jobs, get_store
-from mealquest.households import Household, digest_of_wellformed
+from mealquest.households import TOKEN_PREFIX, Household, digest_of_wellformed
 from mealquest.jobs.model import Status
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
@@ -44,8 +44,10 @@ _query_schema = JobListQuerySchema()
 
 
 # Answers of `GET /jobs/<id>` a process gives again while nothing commits:
-# about the jobs being polled at once; each entry holds a job's encoded body.
+# about the jobs being polled at once; each entry holds a job's encoded body,
+# and a larger body than this is read every time.
 ANSWERS_KEPT = 256
+LARGEST_BODY_KEPT = 64 * 1024
 _ANSWERS_KEY = "mealquest.jobs.answers"
 
 # An answer: the token's household (None: no live token) and the job's
@@ -70,22 +72,27 @@ def get_job(job_id: str) -> ResponseReturnValue:
     # it). Keyed by the header as sent, which is all the answer depends on
     # besides the database. A malformed id, an unknown id and another
     # household's job all answer the same 404, so ids cannot be probed
-    # across households.
+    # across households. A header that cannot hold one of our tokens is
+    # refused as the hook refuses it, reading nothing and keeping nothing.
     header = request.headers.get("Authorization")
-    if header is None or not _job_id.match(job_id):
+    if header is None or TOKEN_PREFIX not in header or not _job_id.match(job_id):
         refused = require_token()
         if refused is not None:
             return refused
         raise not_found("job not found")
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     answers: ReadCache[tuple[str, str], _Answer] = app.extensions[_ANSWERS_KEY]
-    household, body = answers.get((job_id, header), lambda: _read_answer(job_id))
+    household, body = answers.get((job_id, header), lambda: _read_answer(job_id), _small)
     if household is None:
         return refuse_token()
     authenticated_as(household)
     if body is None:
         raise not_found("job not found")
     return app.response_class(body, mimetype=app.json.mimetype)
+
+
+def _small(answer: _Answer) -> bool:
+    return answer[1] is None or len(answer[1]) <= LARGEST_BODY_KEPT
 
 
 def _read_answer(job_id: str) -> _Answer:

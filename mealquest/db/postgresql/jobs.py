@@ -299,10 +299,10 @@ def _most_of_kind(
 # The order households take turns in (columns of `household_queues` and the running count).
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 # A claim of `limit` jobs ranks this many times `limit` households and takes
-# the first `limit` of them that no other claim holds: claims made at once
-# (by several processes or hosts) each find households of their own instead
-# of all choosing the same best ones and all but one taking nothing.
-_HOUSEHOLDS_CONSIDERED_PER_PLACE = 4
+# the first `limit` of them that no other claim holds: up to this many claims
+# made at once (by several processes or hosts) each find households of their
+# own instead of all choosing the same best ones and all but one taking nothing.
+_HOUSEHOLDS_RANKED_PER_PLACE = 4
 
 
 def _claim_one_priority(
@@ -324,7 +324,8 @@ def _claim_one_priority(
     one served fewer jobs so far), then the one whose oldest job is oldest; within
     a household, oldest first. A batch fills as if claimed one job at a
     time, each claim counting as a running job of its household. Cost: the
-    households with running jobs plus about `limit` households and `limit`
+    households with running jobs plus about four times `limit` households
+    (see `_HOUSEHOLDS_RANKED_PER_PLACE`) and `limit`
     jobs each, through indexes; never the finished rows or the households
     with nothing queued.
 
@@ -334,8 +335,10 @@ def _claim_one_priority(
     household's row (an enqueue, a retry or a rescue for it, whose triggers
     lock it, or a claim) while it waits for a row this one holds, and
     waiting would deadlock. A household skipped so is served by the next
-    claim, and this one takes the next households in turn instead: claims
-    made at once, by several processes, each take households of their own.
+    claim, and this one takes the next households in turn instead: up to
+    four claims made at once (by several processes) each take households of
+    their own; a fifth may find every household it ranked held, and then
+    takes nothing until its next claim.
     Only the kinds
     this process can run: during a rolling deploy that adds a kind, older
     processes leave its jobs queued. `kind_limits` caps how many of a kind
@@ -415,7 +418,7 @@ WITH {full_kinds}idle AS (
                     WHERE r.household_id = q.household_id AND r.status = 'running')
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
                 ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
-    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(considered)s
+    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(ranked)s
 ),
 busy AS (
     SELECT q.household_id, b.running, q.served_at, q.served_jobs,
@@ -430,7 +433,7 @@ busy AS (
 chosen AS MATERIALIZED (
     SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
     FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY {_TURN} LIMIT %(considered)s
+    ORDER BY {_TURN} LIMIT %(ranked)s
 ),
 candidates AS (
     SELECT c.household_id, c.running, c.place
@@ -458,7 +461,7 @@ RETURNING {_qualified("jobs")}""",
             "now": now,
             "kinds": list(kinds),
             "limit": limit,
-            "considered": limit * _HOUSEHOLDS_CONSIDERED_PER_PLACE,
+            "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
             "owner": owner,
             "lease_seconds": float(lease_seconds),
             **most_params,
