@@ -505,6 +505,36 @@ def test_a_kill_that_lands_after_the_handler_returned_leaves_its_outcome_to_stan
     _succeeded_cleanly(jobs, job_id, entry, logs)
 
 
+def _sleeping(greenlet: gevent.Greenlet) -> bool:
+    """Whether the greenlet is suspended in `gevent.sleep`."""
+    frame = greenlet.gr_frame
+    while frame is not None:
+        if frame.f_code is gevent.sleep.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.parametrize("kill", [LeaseLost, PoolStopping, JobCancelled])
+def test_a_kill_that_lands_in_the_outcomes_retry_sleep_leaves_its_outcome_to_stand(
+    hostile, household, latches, lock_holder, logs, kill
+):
+    # The database refused the outcome's write for longer than its deadline,
+    # and the finished job waits to try again: a kill sent then lands in
+    # that sleep, not in a wait for the write.
+    jobs, job_id, entry = _held_in_its_outcome_write(hostile, household, latches, lock_holder)
+    wait_for(lambda: _sleeping(entry.greenlet))
+    assert any(
+        r.getMessage().startswith("database unavailable while recording the job's outcome")
+        for r in logs
+    )
+    entry.greenlet.kill(kill, block=False)
+    gevent.sleep(0)
+    assert entry.alive()
+    lock_holder.release()
+    _succeeded_cleanly(jobs, job_id, entry, logs)
+
+
 # -- interruptions -----------------------------------------------------------------------------
 
 
