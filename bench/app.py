@@ -16,8 +16,8 @@ from flask import Flask, jsonify
 from marshmallow import Schema, fields
 
 from mealquest import create_app
-from mealquest.extensions import get_jobs
-from mealquest.jobs.runner import JobContext
+from mealquest.jobs.context import JobContext
+from mealquest.jobs.service import get_jobs
 from mealquest.recipes.kind import KIND
 
 

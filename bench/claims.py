@@ -3,7 +3,7 @@
 The claim must stay an index lookup on queued jobs (the partial index
 `jobs_claim`), so a table holding a million finished jobs claims as fast as
 an empty one. Timed two ways on the same files: through the store (the
-runner's real path, `Store.write(queries.claim, ...)`, one job per claim) and
+runner's real path, `Store.write(queries.claim, ClaimRequest(...))`, one job per claim) and
 the statement alone on a plain connection, which no thread hop dilutes.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.common import fresh_database, store_pragmas
 from bench.throughput import CLAIM, INSERT
 from mealquest.clock import to_text
+from mealquest.model.jobs import ClaimRequest
 
 _FINISHED = "2024-01-01T00:00:00.000000Z"
 
@@ -54,16 +55,16 @@ def _enqueue(db: str, household: int, n: int) -> None:
 
 def claim_rate_child(args: dict) -> dict:
     from mealquest.db.sqlite import jobs as queries
-    from mealquest.store import Store
+    from mealquest.db.sqlite.store import SqliteStore
 
     db, n = args["db"], args["claims"]
     _enqueue(db, args["household"], 2 * n)
-    store = Store(db, synchronous=args["synchronous"])
+    store = SqliteStore(db, synchronous=args["synchronous"])
     store.write(lambda tx: None)  # opens the writer connection and thread
     started = time.perf_counter()
     for _ in range(n):
         claimed = store.write(
-            queries.claim, owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",)
+            queries.claim, ClaimRequest(owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",))
         )
         assert len(claimed) == 1
     through_store = time.perf_counter() - started

@@ -96,12 +96,12 @@ QUICK = Sizes(
 
 def fresh_database(directory: Path, name: str = "bench.sqlite3") -> tuple[str, int]:
     """A migrated database with one household; returns its path and the household id."""
-    from mealquest import migrations
+    from mealquest.db.sqlite import migrate
 
     path = directory / name
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    migrations.upgrade(str(path))
+    migrate.upgrade(str(path))
     conn = sqlite3.connect(path)
     with conn:
         cursor = conn.execute(

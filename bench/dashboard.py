@@ -88,10 +88,10 @@ def _households_sql(count: int) -> str:
 
 
 def build_sqlite(directory: Path, rows: int) -> dict[str, Any]:
-    from mealquest import migrations
+    from mealquest.db.sqlite import migrate
 
     path = str(directory / "dashboard.sqlite3")
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(

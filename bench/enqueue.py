@@ -188,8 +188,8 @@ def serve_and_enqueue(
 def many_child(args: dict) -> dict:
     """Seconds for `jobs` single enqueues and for one `enqueue_many` of as many, alternated."""
     from bench.app import create_bench_app
-    from mealquest.extensions import get_jobs, get_store
-    from mealquest.jobs.service import JobRequest
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import JobRequest, get_jobs
 
     household, n = args["household"], args["jobs"]
     app = create_bench_app(

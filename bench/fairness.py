@@ -25,6 +25,7 @@ from typing import Any
 from bench.common import fresh_database
 from bench.throughput import INSERT
 from mealquest.clock import to_text
+from mealquest.model.jobs import ClaimRequest, Transition
 
 # The oldest-first claim the runner made before fair claiming, for comparison.
 OLDEST_FIRST = (
@@ -65,16 +66,16 @@ def build_queue(directory: Path, name: str, households: int, jobs: int) -> str:
 def fair_claim_child(args: dict) -> dict:
     """Claims per second, each in the transaction that finishes the previous one's job."""
     from mealquest.db.sqlite import jobs as queries
-    from mealquest.jobs.model import Lease, Status
-    from mealquest.store import Store, Transaction
+    from mealquest.db.sqlite.store import SqliteStore, SqliteTransaction
+    from mealquest.model.jobs import Lease, Status
 
-    store = Store(args["db"], synchronous=args["synchronous"])
+    store = SqliteStore(args["db"], synchronous=args["synchronous"])
     store.write(lambda tx: None)  # opens the writer connection and thread
     oldest_first = args["claim"] == "oldest_first"
 
-    def cycle(tx: Transaction, previous: list[Any]) -> list[Any]:
+    def cycle(tx: SqliteTransaction, previous: list[Any]) -> list[Any]:
         for lease in previous:
-            queries.transition(tx, lease, to=Status.SUCCEEDED, result="{}")
+            queries.transition(tx, Transition(lease, to=Status.SUCCEEDED, result="{}"))
         if oldest_first:
             moment = datetime.now(UTC)
             rows = tx.execute(
@@ -82,7 +83,9 @@ def fair_claim_child(args: dict) -> dict:
                 {"owner": "bench", "expires": to_text(moment), "now": to_text(moment), "limit": 1},
             ).fetchall()
             return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
-        claimed = queries.claim(tx, owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",))
+        claimed = queries.claim(
+            tx, ClaimRequest(owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",))
+        )
         return [job.lease for job in claimed]
 
     previous: list[Any] = []
@@ -102,7 +105,8 @@ def b_behind_a_child(args: dict) -> dict:
     from marshmallow import Schema
 
     from bench.app import create_bench_app
-    from mealquest.extensions import get_jobs, get_store
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import get_jobs
 
     class Empty(Schema):
         pass

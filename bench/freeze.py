@@ -34,7 +34,8 @@ def freeze_child(args: dict) -> dict:
     import gevent
 
     from bench.latency import _app
-    from mealquest.extensions import get_jobs, get_store
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import get_jobs
 
     app = _app(args)
     jobs = get_jobs(app)

@@ -37,8 +37,9 @@ from pathlib import Path
 
 from bench.common import fresh_database
 from mealquest.db.sqlite import jobs
-from mealquest.jobs.model import Job, Status, Transition
-from mealquest.store import Transaction, connect
+from mealquest.db.sqlite.connection import connect
+from mealquest.db.sqlite.store import SqliteTransaction
+from mealquest.model.jobs import ClaimRequest, Job, Status, Transition
 
 INTERVALS = (0.005, 0.0005, 0.0001)
 _BATCH = 4
@@ -68,7 +69,7 @@ class CompleterLoop:
 
     def __init__(self, db: str) -> None:
         self._conn = connect(db, synchronous="NORMAL", busy_timeout_ms=5000)
-        self._tx = Transaction(self._conn)
+        self._tx = SqliteTransaction(self._conn)
         self._claimed: list[Job] = []
 
     def __call__(self) -> None:
@@ -81,7 +82,8 @@ class CompleterLoop:
             if not all(recorded):
                 raise RuntimeError("a claimed job was no longer leased")
             self._claimed = jobs.claim(
-                self._tx, owner=_OWNER, lease_seconds=3600, limit=_BATCH, kinds=["noop"]
+                self._tx,
+                ClaimRequest(owner=_OWNER, lease_seconds=3600, limit=_BATCH, kinds=["noop"]),
             )
         except BaseException:
             self._conn.execute("ROLLBACK")

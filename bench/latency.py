@@ -42,7 +42,8 @@ def local_child(args: dict) -> dict:
     import gevent
 
     from bench.app import counter
-    from mealquest.extensions import get_jobs, get_store
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import get_jobs
 
     app = _app(args)
     jobs = get_jobs(app)
@@ -65,7 +66,7 @@ def enqueue_stamps_child(args: dict) -> dict:
     """The other process: enqueues `stamp` jobs through the app, with no pool of its own."""
     import gevent
 
-    from mealquest.extensions import get_jobs
+    from mealquest.jobs.service import get_jobs
 
     jobs = get_jobs(_app(args))
     for _ in range(args["samples"]):
@@ -81,7 +82,8 @@ def remote_child(args: dict) -> dict:
     import gevent
 
     from bench.app import counter
-    from mealquest.extensions import get_jobs, get_store
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import get_jobs
 
     app = _app(args)
     pool = get_jobs(app).start_pool()

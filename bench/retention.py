@@ -26,8 +26,9 @@ import time
 from pathlib import Path
 
 from bench.common import fresh_database
+from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.retention import delete_finished
-from mealquest.store import _WAL_AUTOCHECKPOINT_PAGES, Transaction, connect
+from mealquest.db.sqlite.store import _WAL_AUTOCHECKPOINT_PAGES, SqliteTransaction
 
 SIZES = (50, 100, 200, 500, 1000, 5000)
 
@@ -58,7 +59,7 @@ def hold_times(db: str, size: int, rounds: int) -> list[float]:
     # As the store's writer connection: SQLite's own checkpoint (inside a
     # COMMIT, under the lock) only past this many WAL pages.
     conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
-    tx = Transaction(conn)
+    tx = SqliteTransaction(conn)
     held = []
     try:
         for _ in range(rounds):

@@ -156,7 +156,8 @@ def runner_child(args: dict) -> dict:
     import gevent
 
     from bench.app import counter, create_bench_app
-    from mealquest.extensions import get_jobs, get_store
+    from mealquest.extensions import get_store
+    from mealquest.jobs.service import get_jobs
 
     app = create_bench_app(
         {

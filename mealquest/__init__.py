@@ -1,4 +1,4 @@
-"""MealQuest jobs service: a durable SQLite-backed job runner behind a Flask API."""
+"""MealQuest jobs service: a durable job runner (SQLite or PostgreSQL) behind a Flask API."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import admin, cli, errors, health, recipes
+from mealquest import admin, cli, errors, health
 from mealquest.api import bp as api_bp
-from mealquest.config import DEFAULTS
-from mealquest.config_check import ConfigError, check_config
+from mealquest.config import DEFAULTS, ConfigError, check_config
 from mealquest.extensions import init_store
 from mealquest.jobs import service as jobs_service
 from mealquest.jobs.cli import jobs_cli
 from mealquest.logs import configure_logging
 from mealquest.metrics import http as http_metrics
 from mealquest.metrics import view as metrics_view
+from mealquest.recipes import kind as recipe_import
 from mealquest.serving import middleware
 
 
@@ -41,7 +41,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     configure_logging(app.config["LOG_LEVEL"])
     init_store(app)
     jobs_service.init_app(app)
-    recipes.init_app(app)
+    recipe_import.init_app(app)
     errors.init_app(app)
     cli.init_app(app)
     app.cli.add_command(jobs_cli)

@@ -8,7 +8,8 @@ from flask_httpauth import HTTPTokenAuth
 
 from mealquest.errors import error_response
 from mealquest.extensions import get_store
-from mealquest.households import Household, household_for_token
+from mealquest.households import household_for_token
+from mealquest.model.households import Household
 
 token_auth = HTTPTokenAuth(scheme="Bearer")
 

@@ -12,11 +12,13 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
-from mealquest import households, migrations, operators
-from mealquest.db import driver_errors
+from mealquest import households, operators
+from mealquest.db import driver_errors, migrations
 from mealquest.db.driver import Store
+from mealquest.db.errors import StoreError
 from mealquest.extensions import get_store
-from mealquest.store import StoreError
+from mealquest.model.households import HouseholdError
+from mealquest.model.operators import OperatorError
 
 db_cli = AppGroup("db", help="Database migrations.")
 households_cli = AppGroup("households", help="Households.")
@@ -95,7 +97,7 @@ def households_create(name: str) -> None:
     """Create a household; prints its id and first token (shown only this once)."""
     try:
         issued = households.create_household(_migrated_store(), name)
-    except (households.HouseholdError, StoreError) as error:
+    except (HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(json.dumps({"household_id": issued.household_id, "token": issued.token}))
 
@@ -117,7 +119,7 @@ def tokens_create(household_id: int) -> None:
     """Make another token for a household (shown only this once)."""
     try:
         issued = households.create_token(_migrated_store(), household_id)
-    except (households.HouseholdError, StoreError) as error:
+    except (HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(
         json.dumps(
@@ -136,7 +138,7 @@ def tokens_revoke(token_id: int) -> None:
     """Revoke a token: requests with it are refused from now on."""
     try:
         households.revoke_token(_migrated_store(), token_id)
-    except (households.HouseholdError, StoreError) as error:
+    except (HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(f"token {token_id} revoked")
 
@@ -147,7 +149,7 @@ def operators_create(name: str) -> None:
     """Create an operator; prints its id and token (shown only this once)."""
     try:
         issued = operators.create_operator(_migrated_store(), name)
-    except (operators.OperatorError, StoreError) as error:
+    except (OperatorError, StoreError) as error:
         raise _fail(error) from None
     click.echo(json.dumps({"operator_id": issued.operator_id, "token": issued.token}))
 
@@ -170,7 +172,7 @@ def operators_revoke(operator_id: int) -> None:
     """Revoke an operator: its token and its dashboard sessions stop working at once."""
     try:
         operators.revoke_operator(_migrated_store(), operator_id)
-    except (operators.OperatorError, StoreError) as error:
+    except (OperatorError, StoreError) as error:
         raise _fail(error) from None
     click.echo(f"operator {operator_id} revoked")
 

@@ -18,8 +18,8 @@ from flask import Flask, Response, current_app, jsonify, request
 from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
+from mealquest.db.errors import StoreBusy, StoreUnavailable
 from mealquest.jobs.errors import TooManyJobs
-from mealquest.store import StoreBusy, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -1,19 +1,13 @@
-"""Where the app keeps its per-process services, and how code finds them."""
+"""The app's store: attached to the app once, found by every part through `get_store`."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
 from mealquest.db import open_store
 from mealquest.db.driver import Store
 
-if TYPE_CHECKING:
-    from mealquest.jobs.service import JobService
-
 STORE_KEY = "mealquest.store"
-JOBS_KEY = "mealquest.jobs"
 
 
 def init_store(app: Flask) -> Store:
@@ -24,8 +18,5 @@ def init_store(app: Flask) -> Store:
 
 
 def get_store(app: Flask | None = None) -> Store:
-    return (app or current_app).extensions[STORE_KEY]
-
-
-def get_jobs(app: Flask | None = None) -> JobService:
-    return (app or current_app).extensions[JOBS_KEY]
+    store: Store = (app or current_app).extensions[STORE_KEY]
+    return store

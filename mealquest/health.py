@@ -14,12 +14,11 @@ from typing import Any
 from flask import Blueprint, Response
 from marshmallow import Schema, fields
 
-from mealquest import migrations
-from mealquest.db import driver_errors
+from mealquest.db import driver_errors, migrations
+from mealquest.db.errors import StoreBusy, StoreError, StoreUnavailable
 from mealquest.errors import error_response, unavailable_response
 from mealquest.extensions import get_store
 from mealquest.openapi import operation
-from mealquest.store import StoreBusy, StoreError, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 

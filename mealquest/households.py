@@ -13,32 +13,10 @@ import secrets
 from dataclasses import dataclass
 
 from mealquest.db.driver import Store
+from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, Household, HouseholdError
 from mealquest.storable import name_problem
 
-# The household periodic jobs (maintenance included) belong to, made by the
-# migrations. It never has a token, so no caller of the API is it, and the
-# household-scoped API never shows its jobs to anyone.
-SYSTEM_HOUSEHOLD_ID = 0
-
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
-
-
-class HouseholdError(Exception):
-    """A household or token operation was refused."""
-
-
-class UnknownHousehold(HouseholdError):
-    """No household has that id."""
-
-
-class UnknownToken(HouseholdError):
-    """No token has that id, or it is already revoked."""
-
-
-@dataclass(frozen=True)
-class Household:
-    id: int
-    name: str
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from flask_httpauth import HTTPTokenAuth
 
 from mealquest.errors import error_response
 from mealquest.extensions import get_store
-from mealquest.operators import Operator, operator_for_token
+from mealquest.model.operators import Operator
+from mealquest.operators import operator_for_token
 
 operator_token_auth = HTTPTokenAuth(scheme="Bearer")
 

@@ -17,33 +17,10 @@ from dataclasses import dataclass
 
 from mealquest.db.driver import Store
 from mealquest.households import token_digest
+from mealquest.model.operators import Operator, OperatorError, OperatorListing
 from mealquest.storable import name_problem
 
 TOKEN_PREFIX = "mqop_"  # noqa: S105 - a marker, not a secret
-
-
-class OperatorError(Exception):
-    """An operator operation was refused."""
-
-
-class UnknownOperator(OperatorError):
-    """No live operator has that id."""
-
-
-@dataclass(frozen=True)
-class Operator:
-    id: int
-    name: str
-
-
-@dataclass(frozen=True)
-class OperatorListing:
-    """An operator as `flask operators list` shows it."""
-
-    id: int
-    name: str
-    created_at: str
-    revoked_at: str | None
 
 
 @dataclass(frozen=True)

@@ -13,49 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import gevent
 from gevent.greenlet import Greenlet
 from gevent.lock import Semaphore
 
 from mealquest.db.driver import Store
-from mealquest.store import StoreError
+from mealquest.db.errors import StoreError
+from mealquest.model.queue import QueueFigures
 
 logger = logging.getLogger(__name__)
 
 MAX_AGE_SECONDS = 1.5
-
-
-@dataclass(frozen=True)
-class DueJob:
-    """The oldest queued job of a kind whose time has come, and how long it has waited."""
-
-    job_id: str
-    kind: str
-    age_seconds: float
-
-
-@dataclass(frozen=True)
-class QueueFigures:
-    """`counts` by (kind, status); `oldest_due` by kind; jobs finished in the last hour."""
-
-    counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    oldest_due: dict[str, DueJob] = field(default_factory=dict)
-    finished_last_hour: int = 0
-
-    def by_status(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for (_kind, status), count in self.counts.items():
-            totals[status] = totals.get(status, 0) + count
-        return totals
-
-    def kinds(self) -> list[str]:
-        return sorted({kind for kind, _status in self.counts})
-
-    def oldest(self) -> DueJob | None:
-        """The oldest due job of any kind."""
-        return max(self.oldest_due.values(), key=lambda due: due.age_seconds, default=None)
 
 
 class CachedFigures:

@@ -18,11 +18,12 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient, FlaskCliRunner
 
-from mealquest import create_app, migrations
-from mealquest.extensions import get_jobs, get_store
+from mealquest import create_app
+from mealquest.db.driver import Store
+from mealquest.db.sqlite import migrate
+from mealquest.extensions import get_store
 from mealquest.households import IssuedToken, create_household
-from mealquest.jobs.service import JobService
-from mealquest.store import Store
+from mealquest.jobs.service import JobService, get_jobs
 from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
 from tests.support.postgres import fresh_database, require_postgres_url
@@ -83,7 +84,7 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[st
             yield {"DATABASE_URL": url}
         return
     path = str(tmp_path / "mealquest.sqlite3")
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     yield {"DATABASE": path}
 
 

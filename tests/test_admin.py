@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mealquest.jobs.model import Status
+from mealquest.model.jobs import Status
 from mealquest.operators import create_operator, revoke_operator
 from tests.conftest import wait_for
 from tests.support import sql
@@ -37,7 +37,7 @@ def admin_store(admin_app):
 
 @pytest.fixture
 def admin_jobs(admin_app):
-    from mealquest.extensions import get_jobs
+    from mealquest.jobs.service import get_jobs
 
     return get_jobs(admin_app)
 

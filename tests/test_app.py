@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from mealquest import create_app, migrations
+from mealquest import create_app
 from mealquest.config import DEFAULTS
+from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.logs import ContextFormatter, configure_logging
 
@@ -89,12 +90,12 @@ def test_healthz_is_200_on_a_migrated_database(client):
 
 def test_healthz_is_503_on_a_database_behind_the_migrations(make_app, tmp_path):
     path = str(tmp_path / "behind.sqlite3")
-    migrations.upgrade(path, target=2)
+    migrate.upgrade(path, target=2)
     client = make_app(DATABASE=path).test_client()
     response = client.get("/healthz")
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "unavailable"
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     assert client.get("/healthz").status_code == 200
 
 

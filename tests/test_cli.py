@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mealquest import migrations
+from mealquest.db import migrations
+from mealquest.db.sqlite import migrate
 from tests.support.ledger import add_newer_migration
 
 
@@ -27,7 +28,7 @@ def fresh_app(make_app, tmp_path):
 
 def test_db_status_and_upgrade_on_a_fresh_database(fresh_app):
     runner = fresh_app.test_cli_runner()
-    names = [m.path.name for m in migrations.discover()]
+    names = [m.path.name for m in migrations.discover(migrate.MIGRATIONS_DIR)]
 
     status = runner.invoke(args=["db", "status"])
     assert status.exit_code == 1
@@ -53,7 +54,7 @@ def test_db_status_and_upgrade_on_a_fresh_database(fresh_app):
 
 
 def test_db_status_exits_1_while_a_migration_is_pending(fresh_app):
-    migrations.upgrade(fresh_app.config["DATABASE"], target=2)
+    migrate.upgrade(fresh_app.config["DATABASE"], target=2)
     runner = fresh_app.test_cli_runner()
     status = runner.invoke(args=["db", "status"])
     assert status.exit_code == 1
@@ -199,7 +200,7 @@ def test_household_commands_on_a_database_behind_the_migrations_say_what_to_run(
     assert "flask db upgrade" in missing.output
     assert "Traceback" not in missing.output
 
-    migrations.upgrade(fresh_app.config["DATABASE"], target=1)
+    migrate.upgrade(fresh_app.config["DATABASE"], target=1)
     behind = runner.invoke(args=command)
     assert behind.exit_code == 1
     assert "flask db upgrade" in behind.output

@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
-from mealquest import migrations
+from mealquest.db.sqlite import migrate
 from mealquest.households import create_household
 from mealquest.operators import create_operator
 from tests.support import sql
@@ -51,7 +51,7 @@ class Site:
 
     def __init__(self, root: Path) -> None:
         database = {"DATABASE": str(root / "mealquest.sqlite3")}
-        migrations.upgrade(database["DATABASE"])
+        migrate.upgrade(database["DATABASE"])
         self.store = open_test_store(database)
         self.gates = Gates()
         self.token = create_household(self.store, "The Browsers").token

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from flask import request
 
+from mealquest.db.sqlite.store import SqliteStore
 from mealquest.errors import APIError
 from mealquest.extensions import get_store
-from mealquest.store import Store
 from tests.support.kinds import SECRET
 
 pytestmark = pytest.mark.both_databases
@@ -37,7 +37,7 @@ def error_app(make_app, tmp_path):
 
     def storage_fault():
         # A store whose file cannot be opened: its directory does not exist.
-        store = Store(str(tmp_path / "missing" / "mealquest.sqlite3"))
+        store = SqliteStore(str(tmp_path / "missing" / "mealquest.sqlite3"))
         try:
             store.write(lambda tx: tx.execute("SELECT 1"))
         finally:

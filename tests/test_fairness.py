@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 from psycopg import sql as pg_sql
 
-from mealquest.extensions import get_jobs, get_store
+from mealquest.db.sqlite.connection import connect
+from mealquest.db.sqlite.store import SqliteTransaction
+from mealquest.extensions import get_store
 from mealquest.households import create_household
 from mealquest.jobs import quota
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import TooManyJobs
-from mealquest.jobs.model import Status
-from mealquest.jobs.runner import JobContext
-from mealquest.jobs.service import JobRequest
-from mealquest.store import Transaction, connect
+from mealquest.jobs.service import JobRequest, get_jobs
+from mealquest.model.jobs import ClaimRequest, Status
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, most_at_once
@@ -378,7 +379,8 @@ def test_the_household_queues_follow_every_change_to_the_jobs(make_app, househol
     # the last one leaves no row.
     for _ in range(3):
         [_job] = store.write(
-            store.jobs.claim, owner="t", lease_seconds=30.0, limit=1, kinds=("succeed",)
+            store.jobs.claim,
+            ClaimRequest(owner="t", lease_seconds=30.0, limit=1, kinds=("succeed",)),
         )
         assert _queue_heads(store) == _expected_heads(store)
         assert _queue_counts_hold(store)
@@ -413,7 +415,8 @@ def test_the_household_queues_follow_every_change_to_the_jobs(make_app, househol
 
 def _claim(store: Any, limit: int) -> list[str]:
     claimed = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=limit, kinds=["succeed"]
+        store.jobs.claim,
+        ClaimRequest(owner="w.1", lease_seconds=60, limit=limit, kinds=["succeed"]),
     )
     return [job.id for job in claimed]
 
@@ -576,7 +579,9 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
         ]
 
     def claim(tx: Any, limit: int = 4) -> list[Any]:
-        return store.jobs.claim(tx, owner="w.1", lease_seconds=60, limit=limit, kinds=kinds)
+        return store.jobs.claim(
+            tx, ClaimRequest(owner="w.1", lease_seconds=60, limit=limit, kinds=kinds)
+        )
 
     if store.name == "postgresql":
         # Statistics of an empty table, as a fresh deployment has them when
@@ -624,7 +629,7 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
         try:
             conn.execute("BEGIN IMMEDIATE")
             conn.set_progress_handler(count, 100)
-            assert len(claim(Transaction(conn))) == 4
+            assert len(claim(SqliteTransaction(conn))) == 4
             conn.set_progress_handler(None, 0)
             conn.execute("ROLLBACK")
         finally:

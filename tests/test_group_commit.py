@@ -11,7 +11,7 @@ from typing import Any
 import gevent
 import pytest
 
-from mealquest.store import Store, Transaction
+from mealquest.db.sqlite.store import SqliteStore, SqliteTransaction
 from tests.conftest import wait_for
 
 NOW = "2025-01-01T00:00:00.000000Z"
@@ -21,7 +21,7 @@ class Boom(Exception):
     pass
 
 
-def insert_household(tx: Transaction, name: str) -> int:
+def insert_household(tx: SqliteTransaction, name: str) -> int:
     return tx.execute(
         "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id", (name, NOW)
     ).fetchone()[0]
@@ -37,13 +37,13 @@ def committed_names(path: str) -> list[str]:
 
 
 def queue_behind_a_busy_writer(
-    store: Store, writes: list[tuple[Callable[..., Any], tuple]]
+    store: SqliteStore, writes: list[tuple[Callable[..., Any], tuple]]
 ) -> list[gevent.Greenlet]:
     """Hold the writer thread in a write until every one of `writes` is queued, then let it go:
     they arrive while the writer is busy, as concurrent requests do under load."""
     entered, gate = threading.Event(), threading.Event()
 
-    def held(tx: Transaction) -> None:
+    def held(tx: SqliteTransaction) -> None:
         entered.set()
         gate.wait(30)  # a native wait, in the writer thread
 
@@ -69,7 +69,7 @@ def test_writes_queued_while_the_writer_is_busy_share_one_commit(store, db_path)
     seen: dict[int, list[str]] = {}
     answered: dict[int, list[str]] = {}
 
-    def write(tx: Transaction, n: int) -> int:
+    def write(tx: SqliteTransaction, n: int) -> int:
         # Another connection, now: which of the writes before this one have committed.
         seen[n] = committed_names(db_path)
         insert_household(tx, f"h{n}")
@@ -90,7 +90,7 @@ def test_writes_queued_while_the_writer_is_busy_share_one_commit(store, db_path)
 def test_a_failing_write_in_a_group_rolls_back_only_its_own_changes(store, db_path):
     called: list[int] = []
 
-    def write(tx: Transaction, n: int) -> int:
+    def write(tx: SqliteTransaction, n: int) -> int:
         tx.after_commit(lambda: called.append(n))
         insert_household(tx, f"h{n}")
         if n == 2:
@@ -114,7 +114,7 @@ def test_a_failing_write_in_a_group_rolls_back_only_its_own_changes(store, db_pa
 def test_after_commit_callbacks_run_after_the_shared_commit_in_the_callers_order(store, db_path):
     order: list[tuple[int, int]] = []
 
-    def write(tx: Transaction, n: int) -> None:
+    def write(tx: SqliteTransaction, n: int) -> None:
         insert_household(tx, f"h{n}")
         tx.after_commit(lambda: order.append((n, len(committed_names(db_path)))))
 
@@ -129,7 +129,7 @@ def test_a_storage_fault_in_a_group_runs_its_writes_again_one_by_one(store, db_p
     commits, and every write runs again alone, so no caller fails by another's write."""
     runs: dict[int, int] = {}
 
-    def write(tx: Transaction, n: int) -> int:
+    def write(tx: SqliteTransaction, n: int) -> int:
         runs[n] = runs.get(n, 0) + 1
         insert_household(tx, f"h{n}")
         if n == 3 and runs[n] == 1:
@@ -151,7 +151,7 @@ def test_a_storage_fault_in_a_group_runs_its_writes_again_one_by_one(store, db_p
 def test_a_write_alone_still_commits_by_itself(store, db_path):
     seen: list[list[str]] = []
 
-    def write(tx: Transaction, n: int) -> None:
+    def write(tx: SqliteTransaction, n: int) -> None:
         seen.append(committed_names(db_path))
         insert_household(tx, f"h{n}")
 

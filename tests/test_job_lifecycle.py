@@ -3,6 +3,7 @@ enqueues, priorities, bulk enqueues and follow-up jobs, on both databases."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -12,13 +13,12 @@ import pytest
 from marshmallow import ValidationError
 
 from mealquest.clock import to_text, utc_now
-from mealquest.extensions import get_jobs
 from mealquest.jobs import enqueueing
 from mealquest.jobs.enqueueing import Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
-from mealquest.jobs.executor import Outcome
-from mealquest.jobs.model import OnInterrupt, Status
-from mealquest.jobs.service import JobRequest
+from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.service import JobRequest, get_jobs
+from mealquest.model.jobs import ClaimRequest, OnInterrupt, Status, Transition
 from tests.conftest import wait_for
 from tests.support import sql, transitions
 from tests.support.processes import flask_jobs_work, process_group, wait_working
@@ -192,7 +192,9 @@ def test_the_fenced_writes_honour_a_cancel_request(store, jobs, household):
     its process: a success stands, a retry or an interruption ends cancelled."""
     mine = household.household_id
     ids = [jobs.enqueue("flaky", {"fail_times": 0}, household_id=mine) for _ in range(4)]
-    claimed = store.write(store.jobs.claim, owner="w.1", lease_seconds=60, limit=4, kinds=["flaky"])
+    claimed = store.write(
+        store.jobs.claim, ClaimRequest(owner="w.1", lease_seconds=60, limit=4, kinds=["flaky"])
+    )
     leases = {job.id: job.lease for job in claimed}
     store.write(store.jobs.publish, leases[ids[1]], result='{"attempt": 1}')
     for job_id in ids:
@@ -200,9 +202,12 @@ def test_the_fenced_writes_honour_a_cancel_request(store, jobs, household):
     assert store.write(store.jobs.cancel_requested, list(leases.values())) == set(ids)
 
     assert store.write(
-        store.jobs.transition, leases[ids[0]], to=Status.SUCCEEDED, result='{"attempt": 1}'
+        store.jobs.transition,
+        Transition(leases[ids[0]], to=Status.SUCCEEDED, result='{"attempt": 1}'),
     )
-    assert store.write(store.jobs.transition, leases[ids[1]], to=Status.QUEUED, delay_seconds=0)
+    assert store.write(
+        store.jobs.transition, Transition(leases[ids[1]], to=Status.QUEUED, delay_seconds=0)
+    )
     recovered = store.write(store.jobs.interrupt, [leases[ids[2]]])
     expired = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(seconds=120))
 
@@ -366,7 +371,7 @@ def test_claims_go_by_priority_then_due_time_then_insertion(store, jobs, househo
     )
 
     claimed = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=10, kinds=["succeed"]
+        store.jobs.claim, ClaimRequest(owner="w.1", lease_seconds=60, limit=10, kinds=["succeed"])
     )
 
     assert [job.id for job in claimed] == [urgent, older_normal, first_normal, second_normal, later]
@@ -377,11 +382,9 @@ def test_claims_go_by_priority_then_due_time_then_insertion(store, jobs, househo
     # The future jobs come due: at the claim's moment, by priority.
     due = store.write(
         store.jobs.claim,
-        owner="w.2",
-        lease_seconds=60,
-        limit=10,
-        kinds=["succeed"],
-        now=now + timedelta(hours=3),
+        ClaimRequest(
+            owner="w.2", lease_seconds=60, limit=10, kinds=["succeed"], now=now + timedelta(hours=3)
+        ),
     )
     assert [job.id for job in due] == [scheduled, future]
 
@@ -723,13 +726,9 @@ def test_the_bulk_insert_refuses_a_job_with_a_key(jobs, store, household):
     job = enqueueing.prepare(
         jobs.registry, "succeed", {"value": 1}, household_id=household.household_id
     )
-    arguments = enqueueing.insert_arguments(job)
-    plain = dict(arguments, job_id="a" * 32)
+    plain = dataclasses.replace(job, job_id="a" * 32)
     with pytest.raises(ValueError, match="idempotency key"):
-        store.write(
-            store.jobs.insert_jobs,
-            [plain, dict(arguments, unique_key="k", unique_digest="0" * 64)],
-        )
+        store.write(store.jobs.insert_jobs, [plain, dataclasses.replace(job, unique_key="k")])
     assert count_jobs(store) == 0
 
 
@@ -769,7 +768,8 @@ def test_follow_ups_of_a_lost_lease_are_not_written(jobs, store, household):
     mine = household.household_id
     jobs.enqueue("enqueue_follow_ups", {"values": [1]}, household_id=mine)
     [claimed] = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=1, kinds=["enqueue_follow_ups"]
+        store.jobs.claim,
+        ClaimRequest(owner="w.1", lease_seconds=60, limit=1, kinds=["enqueue_follow_ups"]),
     )
     child = enqueueing.prepare(jobs.registry, "succeed", {"value": 1}, household_id=mine)
     success = Outcome(Status.SUCCEEDED, result='{"attempt": 1}', follow_ups=(child,))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mealquest.jobs.model import Status
+from mealquest.model.jobs import ClaimRequest, Status
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.both_databases
@@ -174,12 +174,12 @@ def test_a_job_read_back_is_the_dataclass_built_from_its_fields_in_every_state(
     the job `Job(...)` builds from the same fields (equal, alike, frozen)."""
     import dataclasses
 
-    from mealquest.jobs.model import Job, Transition
+    from mealquest.model.jobs import Job, Transition
 
     mine = household.household_id
     ids = [jobs.enqueue("succeed", {"value": n}, household_id=mine) for n in range(4)]
     claimed = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=3, kinds=["succeed"]
+        store.jobs.claim, ClaimRequest(owner="w.1", lease_seconds=60, limit=3, kinds=["succeed"])
     )
     store.write(
         store.jobs.transition_many,
@@ -206,7 +206,7 @@ def test_a_job_read_back_is_the_dataclass_built_from_its_fields_in_every_state(
 
 
 def test_a_row_without_a_jobs_columns_or_with_others_is_not_a_job():
-    from mealquest.jobs.model import Job
+    from mealquest.model.jobs import Job
 
     row = {
         "id": "a" * 32,
@@ -243,13 +243,13 @@ def test_a_row_without_a_jobs_columns_or_with_others_is_not_a_job():
 def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, store, household):
     """The job route writes its answer out by hand; it must stay `JobSchema`'s
     dump, field for field, whatever the job's state."""
-    from mealquest.jobs.model import Attempt, Transition
     from mealquest.jobs.schemas import JobSchema, dump_job
+    from mealquest.model.jobs import Attempt, Transition
 
     mine = household.household_id
     ids = [jobs.enqueue("succeed", {"value": n}, household_id=mine) for n in range(5)]
     claimed = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=4, kinds=["succeed"]
+        store.jobs.claim, ClaimRequest(owner="w.1", lease_seconds=60, limit=4, kinds=["succeed"])
     )
     assert len(claimed) == 4
     store.write(
@@ -274,8 +274,8 @@ def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, s
 def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, store, household):
     """The job route answers again from what it read while nothing commits
     (`ReadCache`); every change of the job shows at the very next poll."""
-    from mealquest.jobs.model import Transition
     from mealquest.jobs.schemas import JobSchema
+    from mealquest.model.jobs import Transition
 
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     path = f"/api/v1/jobs/{job_id}"
@@ -290,7 +290,7 @@ def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, s
 
     assert poll_twice()["status"] == "queued"
     (claimed,) = store.write(
-        store.jobs.claim, owner="w.1", lease_seconds=60, limit=1, kinds=["succeed"]
+        store.jobs.claim, ClaimRequest(owner="w.1", lease_seconds=60, limit=1, kinds=["succeed"])
     )
     assert poll_twice()["status"] == "running"
     store.write(store.jobs.publish, claimed.lease, result='{"value": 2}')

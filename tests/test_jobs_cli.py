@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mealquest.jobs.model import Status
+from mealquest.model.jobs import Status
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.give_up import REASON, register_give_up

@@ -10,10 +10,10 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from mealquest.config_check import ConfigError
-from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import Status
+from mealquest.config import ConfigError
+from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.metrics import standalone
+from mealquest.model.jobs import Status
 from mealquest.operators import create_operator, revoke_operator
 from mealquest.queue_stats import CachedFigures
 from tests.conftest import wait_for

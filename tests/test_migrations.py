@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mealquest import migrations
+from mealquest.db import migrations
+from mealquest.db.sqlite import migrate
+from mealquest.db.sqlite.store import SqliteStore
 from mealquest.households import household_for_token, token_digest
-from mealquest.store import Store
 from tests.conftest import wait_for
 from tests.support.sqlite_lock import LockHolder
 
@@ -60,7 +61,7 @@ LEGACY_JOBS = [
 @pytest.fixture
 def legacy_db(tmp_path: Path) -> str:
     path = str(tmp_path / "legacy.sqlite3")
-    applied = migrations.upgrade(path, target=2)
+    applied = migrate.upgrade(path, target=2)
     assert [m.version for m in applied] == [1, 2]
     conn = raw(path)
     try:
@@ -88,7 +89,7 @@ def legacy_db(tmp_path: Path) -> str:
 
 def test_legacy_database_is_at_version_two(legacy_db):
     assert ledger(legacy_db) == [1, 2]
-    assert migrations.status(legacy_db).pending[0].version == 3
+    assert migrate.status(legacy_db).pending[0].version == 3
 
 
 def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
@@ -97,7 +98,7 @@ def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
     before_households = [tuple(r) for r in conn.execute("SELECT * FROM households ORDER BY id")]
     conn.close()
 
-    applied = migrations.upgrade(legacy_db)
+    applied = migrate.upgrade(legacy_db)
     assert applied[0].version == 3
 
     conn = raw(legacy_db)
@@ -161,7 +162,7 @@ def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
     finally:
         conn.close()
 
-    store = Store(legacy_db)
+    store = SqliteStore(legacy_db)
     try:
         household = household_for_token(store, "mq_legacy-token")
         assert household is not None
@@ -172,16 +173,18 @@ def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
 
 def test_the_full_chain_on_a_fresh_file_leaves_a_consistent_schema(tmp_path):
     path = str(tmp_path / "fresh.sqlite3")
-    applied = migrations.upgrade(path)
-    assert [m.version for m in applied] == [m.version for m in migrations.discover()]
-    assert migrations.upgrade(path) == []
+    applied = migrate.upgrade(path)
+    assert [m.version for m in applied] == [
+        m.version for m in migrations.discover(migrate.MIGRATIONS_DIR)
+    ]
+    assert migrate.upgrade(path) == []
     conn = raw(path)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     finally:
         conn.close()
-    migrations.require_current(path)
+    migrate.require_current(path)
 
 
 # -- 0006: the job lifecycle's rebuild of jobs ----------------------------------------------
@@ -195,7 +198,7 @@ JOB_COLUMNS = (
 
 def test_the_lifecycle_rebuild_keeps_every_job_recipe_and_invariant(tmp_path):
     path = str(tmp_path / "at5.sqlite3")
-    migrations.upgrade(path, target=5)
+    migrate.upgrade(path, target=5)
     conn = raw(path)
     conn.execute("INSERT INTO households (id, name, created_at) VALUES (1, 'H', ?)", (T0,))
     before = [
@@ -288,7 +291,7 @@ def test_the_lifecycle_rebuild_keeps_every_job_recipe_and_invariant(tmp_path):
     )
     conn.close()
 
-    migrations.upgrade(path)
+    migrate.upgrade(path)
 
     conn = raw(path)
     try:
@@ -401,7 +404,7 @@ def test_a_rebuild_with_foreign_keys_on_would_cascade(tmp_path):
     """The control: run naively, the same rebuild wipes the children."""
     path = str(tmp_path / "naive.sqlite3")
     directory = write_migrations(tmp_path / "m", {"0001_tables.sql": PARENT_CHILD})
-    migrations.upgrade(path, directory)
+    migrate.upgrade(path, directory)
     fill_parent_child(path)
     conn = raw(path)
     try:
@@ -414,7 +417,7 @@ def test_a_rebuild_with_foreign_keys_on_would_cascade(tmp_path):
 def test_rebuilding_a_parent_table_keeps_every_child_row(tmp_path):
     path = str(tmp_path / "rebuild.sqlite3")
     directory = write_migrations(tmp_path / "m", {"0001_tables.sql": PARENT_CHILD})
-    migrations.upgrade(path, directory)
+    migrate.upgrade(path, directory)
     fill_parent_child(path)
     conn = raw(path)
     before_children = [tuple(r) for r in conn.execute("SELECT * FROM child ORDER BY id")]
@@ -424,7 +427,7 @@ def test_rebuilding_a_parent_table_keeps_every_child_row(tmp_path):
         directory,
         {"0002_rebuild_parent.sql": REBUILD_PARENT, "0003_rebuild_child.sql": REBUILD_CHILD},
     )
-    applied = migrations.upgrade(path, directory)
+    applied = migrate.upgrade(path, directory)
 
     assert [m.version for m in applied] == [2, 3]
     assert counts(path) == (3, 15, 15)
@@ -451,16 +454,16 @@ def test_rebuilding_a_parent_table_keeps_every_child_row(tmp_path):
 def test_a_changed_applied_migration_is_refused_naming_the_file(tmp_path):
     path = str(tmp_path / "changed.sqlite3")
     directory = write_migrations(tmp_path / "m", {"0001_tables.sql": PARENT_CHILD})
-    migrations.upgrade(path, directory)
+    migrate.upgrade(path, directory)
     (directory / "0001_tables.sql").write_text(PARENT_CHILD + "\n-- edited\n", encoding="utf-8")
     write_migrations(directory, {"0002_more.sql": "CREATE TABLE more (id INTEGER PRIMARY KEY);"})
 
     with pytest.raises(migrations.MigrationError, match=r"0001_tables\.sql"):
-        migrations.status(path, directory)
+        migrate.status(path, directory)
     with pytest.raises(migrations.MigrationError, match=r"0001_tables\.sql"):
-        migrations.upgrade(path, directory)
+        migrate.upgrade(path, directory)
     with pytest.raises(migrations.MigrationError, match=r"0001_tables\.sql"):
-        migrations.require_current(path, directory)
+        migrate.require_current(path, directory)
     assert ledger(path) == [1]
     conn = raw(path)
     try:
@@ -481,7 +484,7 @@ THREE = {
 def migrated_by(tmp_path: Path, files: dict[str, str]) -> str:
     """A database migrated by a release whose migrations are `files`."""
     path = str(tmp_path / "db.sqlite3")
-    migrations.upgrade(path, write_migrations(tmp_path / "release", files))
+    migrate.upgrade(path, write_migrations(tmp_path / "release", files))
     return path
 
 
@@ -492,10 +495,10 @@ def code_with(tmp_path: Path, names: list[str]) -> Path:
 
 @pytest.fixture
 def store_of():
-    stores: list[Store] = []
+    stores: list[SqliteStore] = []
 
-    def open_store(path: str) -> Store:
-        stores.append(Store(path))
+    def open_store(path: str) -> SqliteStore:
+        stores.append(SqliteStore(path))
         return stores[-1]
 
     yield open_store
@@ -511,7 +514,7 @@ def test_a_database_ahead_of_the_code_is_served_with_one_warning(tmp_path, store
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("mealquest.migrations")
+    logger = logging.getLogger("mealquest.db.migrations")
     logger.addHandler(handler)
     try:
         migrations.require_migrated(store, older)
@@ -521,10 +524,10 @@ def test_a_database_ahead_of_the_code_is_served_with_one_warning(tmp_path, store
     warnings = [record.getMessage() for record in records]
     assert len(warnings) == 1
     assert "0003_c" in warnings[0]
-    assert migrations.require_current(path, older) == ("0003_c",)
+    assert migrate.require_current(path, older) == ("0003_c",)
     # `flask db upgrade` of the older release has nothing to do there.
-    assert migrations.upgrade(path, older) == []
-    ledger = migrations.status(path, older)
+    assert migrate.upgrade(path, older) == []
+    ledger = migrate.status(path, older)
     assert (ledger.pending, ledger.unknown) == ((), ("0003_c",))
 
 
@@ -540,11 +543,11 @@ def test_a_pass_is_checked_once_per_process_and_database(tmp_path, store_of):
     finally:
         conn.close()
     with pytest.raises(migrations.MigrationError, match="changed after it was applied"):
-        migrations.require_current(path, directory)
+        migrate.require_current(path, directory)
     migrations.require_migrated(store, directory)
     # Another database is checked on its own.
     other = str(tmp_path / "other.sqlite3")
-    migrations.upgrade(other, directory, target=2)
+    migrate.upgrade(other, directory, target=2)
     with pytest.raises(migrations.DatabaseNotMigrated):
         migrations.require_migrated(store_of(other), directory)
 
@@ -561,7 +564,7 @@ def test_a_database_behind_the_code_is_refused_naming_what_to_run(tmp_path, stor
     )
     assert raised.value.pending == ("0002_b.sql", "0003_c.sql")
     # A refusal is not remembered: once migrated, the next check passes.
-    migrations.upgrade(path, newer)
+    migrate.upgrade(path, newer)
     migrations.require_migrated(store, newer)
 
 
@@ -589,8 +592,8 @@ def test_an_unknown_migration_that_no_newer_release_could_have_applied_is_refuse
     code = code_with(tmp_path, known)
     for check in (
         lambda: migrations.require_migrated(store_of(path), code),
-        lambda: migrations.status(path, code),
-        lambda: migrations.upgrade(path, code),
+        lambda: migrate.status(path, code),
+        lambda: migrate.upgrade(path, code),
     ):
         with pytest.raises(migrations.MigrationError, match="different migration histories"):
             check()
@@ -607,7 +610,7 @@ def test_a_changed_applied_migration_is_refused_by_the_serving_check(tmp_path, s
 def test_a_broken_migration_rolls_back_whole(tmp_path):
     path = str(tmp_path / "broken.sqlite3")
     directory = write_migrations(tmp_path / "m", {"0001_tables.sql": PARENT_CHILD})
-    migrations.upgrade(path, directory)
+    migrate.upgrade(path, directory)
     fill_parent_child(path)
     write_migrations(
         directory,
@@ -623,7 +626,7 @@ def test_a_broken_migration_rolls_back_whole(tmp_path):
     )
 
     with pytest.raises(migrations.MigrationError, match=r"0002_broken\.sql") as raised:
-        migrations.upgrade(path, directory)
+        migrate.upgrade(path, directory)
 
     assert "no_such_table" in str(raised.value)
     assert ledger(path) == [1]
@@ -634,14 +637,14 @@ def test_a_broken_migration_rolls_back_whole(tmp_path):
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     finally:
         conn.close()
-    states = migrations.status(path, directory).states
+    states = migrate.status(path, directory).states
     assert [(s.migration.version, s.applied) for s in states] == [(1, True), (2, False), (3, False)]
 
 
 def test_a_migration_that_breaks_foreign_keys_is_refused(tmp_path):
     path = str(tmp_path / "fk.sqlite3")
     directory = write_migrations(tmp_path / "m", {"0001_tables.sql": PARENT_CHILD})
-    migrations.upgrade(path, directory)
+    migrate.upgrade(path, directory)
     fill_parent_child(path)
     write_migrations(
         directory,
@@ -656,7 +659,7 @@ def test_a_migration_that_breaks_foreign_keys_is_refused(tmp_path):
     )
 
     with pytest.raises(migrations.MigrationError, match=r"0002_orphans\.sql.*child"):
-        migrations.upgrade(path, directory)
+        migrate.upgrade(path, directory)
 
     assert ledger(path) == [1]
     assert counts(path) == (3, 15, 15)
@@ -683,7 +686,7 @@ def test_a_statement_that_ends_the_transaction_itself_still_reports_the_migratio
         },
     )
     with pytest.raises(migrations.MigrationError, match=r"0002_trigger\.sql.*frozen"):
-        migrations.upgrade(path, directory)
+        migrate.upgrade(path, directory)
     assert ledger(path) == [1]
     conn = raw(path)
     try:
@@ -702,11 +705,11 @@ def test_upgrade_to_a_target_stops_there(tmp_path):
             "0003_c.sql": "CREATE TABLE c (id INTEGER PRIMARY KEY);",
         },
     )
-    assert [m.version for m in migrations.upgrade(path, directory, target=2)] == [1, 2]
+    assert [m.version for m in migrate.upgrade(path, directory, target=2)] == [1, 2]
     with pytest.raises(migrations.DatabaseNotMigrated, match="flask db upgrade"):
-        migrations.require_current(path, directory)
-    assert [m.version for m in migrations.upgrade(path, directory)] == [3]
-    migrations.require_current(path, directory)
+        migrate.require_current(path, directory)
+    assert [m.version for m in migrate.upgrade(path, directory)] == [3]
+    migrate.require_current(path, directory)
 
 
 def test_statements_are_split_whole_with_comments_and_triggers():
@@ -721,7 +724,7 @@ def test_statements_are_split_whole_with_comments_and_triggers():
         "-- trailing comment\n"
         "/* trailing block comment */\n"
     )
-    statements = list(migrations.split_statements(sql))
+    statements = list(migrate.split_statements(sql))
     assert len(statements) == 4
     assert statements[0].endswith("CREATE TABLE t (x TEXT DEFAULT '--;');")
     assert "CREATE TRIGGER" in statements[1]
@@ -732,11 +735,11 @@ def test_statements_are_split_whole_with_comments_and_triggers():
         conn.execute(statement)
     conn.execute("INSERT INTO t DEFAULT VALUES")
     assert conn.execute("SELECT x FROM t").fetchone()[0] == "a;b"
-    assert list(migrations.split_statements("/* only a comment */\n-- and another\n")) == []
+    assert list(migrate.split_statements("/* only a comment */\n-- and another\n")) == []
     with pytest.raises(migrations.MigrationError, match="incomplete"):
-        list(migrations.split_statements("CREATE TABLE t (x TEXT"))
+        list(migrate.split_statements("CREATE TABLE t (x TEXT"))
     with pytest.raises(migrations.MigrationError, match="incomplete"):
-        list(migrations.split_statements("SELECT 1; SELECT 'unterminated;"))
+        list(migrate.split_statements("SELECT 1; SELECT 'unterminated;"))
 
 
 def test_bad_file_names_and_duplicate_versions_are_refused(tmp_path):
@@ -760,13 +763,13 @@ def test_two_upgrades_at_once_apply_each_migration_once(tmp_path):
     )
     # An empty, WAL-mode database with the ledger, so neither upgrade needs
     # the write lock before its first migration.
-    migrations.upgrade(path, write_migrations(tmp_path / "none", {}))
+    migrate.upgrade(path, write_migrations(tmp_path / "none", {}))
     holder = LockHolder(path)
     outcomes = {}
 
     def run(name):
         try:
-            outcomes[name] = [m.version for m in migrations.upgrade(path, directory)]
+            outcomes[name] = [m.version for m in migrate.upgrade(path, directory)]
         except BaseException as error:
             outcomes[name] = error
 
@@ -795,7 +798,7 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(tmp_path):
     the indexes the claim names: a later rebuild of `jobs` that forgot one
     would make figures silently wrong or every claim fail."""
     path = str(tmp_path / "head.db")
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     conn = raw(path)
     try:
         rows = conn.execute("SELECT type, name FROM sqlite_master WHERE tbl_name = 'jobs'")

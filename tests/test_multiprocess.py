@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mealquest.clock import seconds, to_text, utc_now
-from mealquest.jobs.model import Status
+from mealquest.model.jobs import Status
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.processes import Process, flask_jobs_work, process_group, wait_working

@@ -34,8 +34,8 @@ import schemathesis
 from schemathesis.engine import Status as RunStatus
 from schemathesis.engine import events, from_schema
 
-from mealquest.jobs.model import Status
-from mealquest.recipes.parse import ParsedRecipe
+from mealquest.model.jobs import Status
+from mealquest.model.recipes import ParsedRecipe
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.both_databases

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mealquest.jobs.model import Status
+from mealquest.model.jobs import Status
 from mealquest.operators import TOKEN_PREFIX, create_operator, operator_for_token
 from tests.conftest import wait_for
 from tests.support import sql

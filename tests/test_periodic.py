@@ -12,11 +12,13 @@ import gevent
 import pytest
 
 from mealquest.clock import to_text, utc_now
-from mealquest.extensions import get_jobs, get_store
-from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
+from mealquest.extensions import get_store
+from mealquest.households import create_household
 from mealquest.jobs.errors import RegistrationError
-from mealquest.jobs.periodic import MAX_WAIT_SECONDS, Scheduler
 from mealquest.jobs.registry import KindOptions, Registry
+from mealquest.jobs.runner.scheduler import MAX_WAIT_SECONDS, Scheduler
+from mealquest.jobs.service import get_jobs
+from mealquest.model.households import SYSTEM_HOUSEHOLD_ID
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, ValueSchema

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from mealquest import create_app
-from mealquest.config_check import ConfigError
+from mealquest.config import ConfigError
 from mealquest.db.postgresql import migrate
 from tests.support.postgres import fresh_database, require_postgres_url
 

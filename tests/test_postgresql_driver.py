@@ -17,18 +17,22 @@ from psycopg.rows import dict_row
 
 from mealquest.clock import to_text
 from mealquest.db.postgresql import households, jobs, recipes
-from mealquest.db.postgresql.store import PostgresStore, PostgresTransaction
-from mealquest.households import SYSTEM_HOUSEHOLD_ID, UnknownHousehold, UnknownToken
-from mealquest.jobs.model import (
+from mealquest.db.postgresql.store import PostgresStore
+from mealquest.db.postgresql.transaction import PostgresTransaction
+from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, UnknownHousehold, UnknownToken
+from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
     Attempt,
+    ClaimRequest,
     Lease,
+    NewJob,
     OnInterrupt,
     Recovered,
     Status,
+    Transition,
 )
-from mealquest.recipes.parse import ParsedRecipe
+from mealquest.model.recipes import ParsedRecipe
 from tests.support.postgres import fresh_database, require_postgres_url
 
 LEASE = 30.0
@@ -56,19 +60,22 @@ def enqueue(store, household, kind="succeed", *, on_interrupt=OnInterrupt.FAIL, 
     job_id = uuid.uuid4().hex
     store.write(
         jobs.insert_job,
-        job_id=job_id,
-        household_id=household,
-        kind=kind,
-        payload="{}",
-        max_attempts=max_attempts,
-        on_interrupt=on_interrupt,
+        NewJob(
+            job_id=job_id,
+            household_id=household,
+            kind=kind,
+            payload="{}",
+            max_attempts=max_attempts,
+            on_interrupt=on_interrupt,
+        ),
     )
     return job_id
 
 
 def claim(store, *, kinds=("succeed",), limit=10, owner="worker-1", now=None):
     return store.write(
-        jobs.claim, owner=owner, lease_seconds=LEASE, limit=limit, kinds=kinds, now=now
+        jobs.claim,
+        ClaimRequest(owner=owner, lease_seconds=LEASE, limit=limit, kinds=kinds, now=now),
     )
 
 
@@ -210,13 +217,15 @@ def test_a_time_at_the_calendars_edge_reads_back_whatever_the_clients_time_zone(
         job_id = uuid.uuid4().hex
         zoned.write(
             jobs.insert_job,
-            job_id=job_id,
-            household_id=household,
-            kind="succeed",
-            payload="{}",
-            max_attempts=1,
-            on_interrupt=OnInterrupt.FAIL,
-            run_at=due,
+            NewJob(
+                job_id=job_id,
+                household_id=household,
+                kind="succeed",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+                run_at=due,
+            ),
         )
         assert zoned.read(jobs.get_job, job_id).run_at == to_text(due)
     finally:
@@ -227,7 +236,9 @@ def test_claim_reads_the_database_clock_for_its_times(store, household):
     enqueue(store, household)
 
     def claim_and_read_now(tx):
-        claimed = jobs.claim(tx, owner="w", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+        claimed = jobs.claim(
+            tx, ClaimRequest(owner="w", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+        )
         return claimed, tx.execute("SELECT now() AS now").fetchone()["now"]
 
     [job], now = store.write(claim_and_read_now)
@@ -254,13 +265,22 @@ def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
     first = raw_transaction(store, pg_url)
     second = raw_transaction(store, pg_url)
     try:
-        mine = jobs.claim(first, owner="a", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        mine = jobs.claim(
+            first, ClaimRequest(owner="a", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
         # The household's row is the first claim's until it commits: the
         # second skips the household rather than wait (its statement_timeout
         # would fail it), and takes nothing.
-        assert jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"]) == []
+        assert (
+            jobs.claim(
+                second, ClaimRequest(owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+            )
+            == []
+        )
         first.conn.execute("COMMIT")
-        theirs = jobs.claim(second, owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+        theirs = jobs.claim(
+            second, ClaimRequest(owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+        )
         second.conn.execute("COMMIT")
     finally:
         first.conn.close()
@@ -287,7 +307,9 @@ def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store,
     claims = [raw_transaction(store, pg_url) for _ in in_turn]
     try:
         taken = [
-            jobs.claim(tx, owner=f"p{n}", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+            jobs.claim(
+                tx, ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+            )
             for n, tx in enumerate(claims)
         ]
         for tx in claims:
@@ -314,18 +336,24 @@ def test_a_claim_never_deadlocks_with_a_transaction_holding_a_household_it_wants
         # The completer's follow-up for `other` locks that household's row.
         jobs.insert_job(
             completer,
-            job_id=uuid.uuid4().hex,
-            household_id=other,
-            kind="succeed",
-            payload="{}",
-            max_attempts=1,
-            on_interrupt=OnInterrupt.FAIL,
+            NewJob(
+                job_id=uuid.uuid4().hex,
+                household_id=other,
+                kind="succeed",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+            ),
         )
         # The producer's claim takes `household` and skips `other` at once.
-        taken = jobs.claim(producer, owner="p", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        taken = jobs.claim(
+            producer, ClaimRequest(owner="p", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
         # The completer's claim skips `household`, the producer's now, and
         # takes from its own: neither waits, so neither can deadlock.
-        its_own = jobs.claim(completer, owner="c", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        its_own = jobs.claim(
+            completer, ClaimRequest(owner="c", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
         producer.conn.execute("COMMIT")
         completer.conn.execute("COMMIT")
     finally:
@@ -352,7 +380,7 @@ def raw_transaction(store, url):
     conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
     conn.execute("SET statement_timeout = '5s'")
     conn.execute("BEGIN")
-    return PostgresTransaction(conn, store)
+    return PostgresTransaction(conn, store.notifier)
 
 
 # -- fenced writes ----------------------------------------------------------------------------
@@ -384,9 +412,11 @@ def test_a_stale_lease_changes_nothing(store, household):
     stale = Lease(job.id, "someone-else", job.attempt)
     before = get(store, job.id)
 
-    assert not store.write(jobs.transition, stale, to=Status.SUCCEEDED, result="{}")
-    assert not store.write(jobs.transition, stale, to=Status.FAILED, error="boom")
-    assert not store.write(jobs.transition, stale, to=Status.QUEUED, attempt=Attempt.REFUND)
+    assert not store.write(jobs.transition, Transition(stale, to=Status.SUCCEEDED, result="{}"))
+    assert not store.write(jobs.transition, Transition(stale, to=Status.FAILED, error="boom"))
+    assert not store.write(
+        jobs.transition, Transition(stale, to=Status.QUEUED, attempt=Attempt.REFUND)
+    )
     assert store.write(jobs.renew_leases, [stale], lease_seconds=LEASE) == set()
     assert store.write(jobs.interrupt, [stale]) == Recovered()
 
@@ -396,7 +426,9 @@ def test_a_stale_lease_changes_nothing(store, household):
 def test_transition_to_succeeded_stores_the_result_and_clears_the_lease(store, household):
     job = claimed_job(store, household)
 
-    assert store.write(jobs.transition, job.lease, to=Status.SUCCEEDED, result='{"ok": true}')
+    assert store.write(
+        jobs.transition, Transition(job.lease, to=Status.SUCCEEDED, result='{"ok": true}')
+    )
 
     done = get(store, job.id)
     assert done.status is Status.SUCCEEDED
@@ -405,13 +437,15 @@ def test_transition_to_succeeded_stores_the_result_and_clears_the_lease(store, h
     assert done.error is None
     assert done.lease_owner is done.lease_expires_at is None
     # Final: the same lease can write nothing more.
-    assert not store.write(jobs.transition, job.lease, to=Status.FAILED, error="late")
+    assert not store.write(jobs.transition, Transition(job.lease, to=Status.FAILED, error="late"))
 
 
 def test_transition_to_failed_stores_the_error(store, household):
     job = claimed_job(store, household)
 
-    assert store.write(jobs.transition, job.lease, to=Status.FAILED, error="no recipe found")
+    assert store.write(
+        jobs.transition, Transition(job.lease, to=Status.FAILED, error="no recipe found")
+    )
 
     done = get(store, job.id)
     assert (done.status, done.error, done.attempt) == (Status.FAILED, "no recipe found", 1)
@@ -422,7 +456,7 @@ def test_a_retry_spends_the_attempt_and_waits_its_delay(store, household):
     job = claimed_job(store, household, max_attempts=3)
     store.write(jobs.publish, job.lease, result='{"partial": true}')
 
-    assert store.write(jobs.transition, job.lease, to=Status.QUEUED, delay_seconds=600)
+    assert store.write(jobs.transition, Transition(job.lease, to=Status.QUEUED, delay_seconds=600))
 
     retried = get(store, job.id)
     assert retried.status is Status.QUEUED
@@ -438,7 +472,7 @@ def test_a_retry_spends_the_attempt_and_waits_its_delay(store, household):
 def test_a_retry_without_delay_keeps_its_place(store, household):
     job = claimed_job(store, household, max_attempts=3)
 
-    assert store.write(jobs.transition, job.lease, to=Status.QUEUED)
+    assert store.write(jobs.transition, Transition(job.lease, to=Status.QUEUED))
 
     assert get(store, job.id).run_at == job.run_at
 
@@ -446,7 +480,9 @@ def test_a_retry_without_delay_keeps_its_place(store, household):
 def test_a_refund_puts_the_job_back_as_if_it_never_started(store, household):
     job = claimed_job(store, household)
 
-    assert store.write(jobs.transition, job.lease, to=Status.QUEUED, attempt=Attempt.REFUND)
+    assert store.write(
+        jobs.transition, Transition(job.lease, to=Status.QUEUED, attempt=Attempt.REFUND)
+    )
 
     back = get(store, job.id)
     assert (back.status, back.attempt, back.run_at) == (Status.QUEUED, 0, job.run_at)
@@ -457,16 +493,16 @@ def test_a_refund_only_goes_back_to_the_queue(store, household):
     job = claimed_job(store, household)
     for status in (Status.SUCCEEDED, Status.FAILED):
         with pytest.raises(ValueError, match="no transition"):
-            store.write(jobs.transition, job.lease, to=status, attempt=Attempt.REFUND)
+            store.write(jobs.transition, Transition(job.lease, to=status, attempt=Attempt.REFUND))
     with pytest.raises(ValueError, match="no transition"):
-        store.write(jobs.transition, job.lease, to=Status.RUNNING)
+        store.write(jobs.transition, Transition(job.lease, to=Status.RUNNING))
     assert get(store, job.id).status is Status.RUNNING
 
 
 def test_renew_extends_only_the_leases_still_held(store, household):
     job = claimed_job(store, household)
     other = claimed_job(store, household)
-    store.write(jobs.transition, other.lease, to=Status.SUCCEEDED, result="{}")
+    store.write(jobs.transition, Transition(other.lease, to=Status.SUCCEEDED, result="{}"))
 
     renewed = store.write(jobs.renew_leases, [job.lease, other.lease], lease_seconds=600)
 
@@ -502,7 +538,7 @@ def test_an_attempt_that_ends_resets_the_interruptions_in_a_row(store, household
     [job] = claim(store)
     store.write(jobs.interrupt, [job.lease])
     [job] = claim(store)
-    store.write(jobs.transition, job.lease, to=Status.QUEUED)  # a retry, spent
+    store.write(jobs.transition, Transition(job.lease, to=Status.QUEUED))  # a retry, spent
 
     assert get(store, job_id).interruptions == 0
 

@@ -8,9 +8,9 @@ import threading
 import psycopg
 import pytest
 
+from mealquest.db.errors import StoreUnavailable
+from mealquest.db.migrations import DatabaseNotMigrated, MigrationError, discover
 from mealquest.db.postgresql import migrate
-from mealquest.migrations import DatabaseNotMigrated, MigrationError, discover
-from mealquest.store import StoreUnavailable
 from tests.conftest import wait_for
 from tests.support.postgres import fresh_database, require_postgres_url
 from tests.support.servers import free_port
@@ -28,7 +28,7 @@ def directory(tmp_path):
     real migrations would take the numbers the tests add)."""
     copy = tmp_path / "migrations"
     copy.mkdir()
-    shutil.copy(migrate.POSTGRESQL_MIGRATIONS_DIR / "0001_init.sql", copy)
+    shutil.copy(migrate.MIGRATIONS_DIR / "0001_init.sql", copy)
     return copy
 
 
@@ -44,7 +44,7 @@ def ledger(url):
 
 
 def test_a_fresh_database_is_migrated_once(empty_url):
-    known = migrate.discover(migrate.POSTGRESQL_MIGRATIONS_DIR)
+    known = migrate.discover(migrate.MIGRATIONS_DIR)
 
     applied = migrate.upgrade(empty_url)
 
@@ -90,7 +90,7 @@ def test_an_applied_file_that_changed_is_refused(empty_url, directory):
 
 
 def test_a_database_ahead_of_the_code_is_served_naming_what_it_does_not_know(empty_url, directory):
-    shutil.copytree(migrate.POSTGRESQL_MIGRATIONS_DIR, directory, dirs_exist_ok=True)
+    shutil.copytree(migrate.MIGRATIONS_DIR, directory, dirs_exist_ok=True)
     newest = max(m.version for m in migrate.discover(directory))
     (directory / f"{newest + 1:04d}_newer.sql").write_text("CREATE TABLE newer (id integer);\n")
     migrate.upgrade(empty_url, directory)
@@ -232,7 +232,7 @@ def test_a_job_written_while_the_queue_counts_migration_runs_is_counted(empty_ur
     it waits on), makes an enqueue while it waits, then lets both go."""
     directory = tmp_path / "migrations"
     directory.mkdir()
-    for migration in discover(migrate.POSTGRESQL_MIGRATIONS_DIR):
+    for migration in discover(migrate.MIGRATIONS_DIR):
         if migration.version <= 7:
             shutil.copy(migration.path, directory)
     counts_file = next(directory.glob("0007_*.sql"))

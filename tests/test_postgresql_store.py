@@ -23,11 +23,11 @@ import uuid
 import psycopg
 import pytest
 
+from mealquest.db.errors import StoreError, StoreUnavailable, StoreUsedAcrossFork
 from mealquest.db.postgresql import households, jobs
 from mealquest.db.postgresql.notify import CHANNEL, Notifier
 from mealquest.db.postgresql.store import PostgresStore
-from mealquest.jobs.model import OnInterrupt
-from mealquest.store import StoreError, StoreUnavailable, StoreUsedAcrossFork
+from mealquest.model.jobs import NewJob, OnInterrupt
 from tests.conftest import wait_for
 from tests.support import postgres as postgres_support
 from tests.support.postgres import fresh_database, require_postgres_url
@@ -482,7 +482,7 @@ def test_a_server_that_stops_answering_mid_query_is_unavailable(pg_url, tmp_path
             """
             import os, signal
             from mealquest.db.postgresql.store import PostgresStore
-            from mealquest.store import StoreUnavailable
+            from mealquest.db.errors import StoreUnavailable
 
             store = PostgresStore(
                 os.environ["PG_URL"], busy_timeout_seconds=0.5, pool_size=1, listen=False
@@ -582,12 +582,14 @@ def household(store):
 def enqueue(store, household):
     store.write(
         jobs.insert_job,
-        job_id=uuid.uuid4().hex,
-        household_id=household,
-        kind="succeed",
-        payload="{}",
-        max_attempts=1,
-        on_interrupt=OnInterrupt.FAIL,
+        NewJob(
+            job_id=uuid.uuid4().hex,
+            household_id=household,
+            kind="succeed",
+            payload="{}",
+            max_attempts=1,
+            on_interrupt=OnInterrupt.FAIL,
+        ),
     )
 
 
@@ -646,12 +648,14 @@ def test_a_notify_is_sent_only_if_the_enqueue_commits(store, household, heard):
     def enqueue_then_fail(tx):
         jobs.insert_job(
             tx,
-            job_id=uuid.uuid4().hex,
-            household_id=household,
-            kind="succeed",
-            payload="{}",
-            max_attempts=1,
-            on_interrupt=OnInterrupt.FAIL,
+            NewJob(
+                job_id=uuid.uuid4().hex,
+                household_id=household,
+                kind="succeed",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+            ),
         )
         raise RuntimeError("rolled back")
 

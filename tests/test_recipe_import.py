@@ -11,7 +11,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from mealquest.extensions import get_jobs, get_store
+from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mealquest.extensions import get_jobs, get_store
-from mealquest.recipes.parse import ParsedRecipe
+from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
+from mealquest.model.recipes import ParsedRecipe
 from tests.support import sql
 
 pytestmark = pytest.mark.both_databases

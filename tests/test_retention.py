@@ -13,13 +13,15 @@ import pytest
 from mealquest import create_app
 from mealquest.clock import utc_now
 from mealquest.config import DEFAULTS
-from mealquest.extensions import get_jobs, get_store
-from mealquest.households import SYSTEM_HOUSEHOLD_ID, create_household
-from mealquest.jobs.model import FINAL_STATUSES, Status
-from mealquest.jobs.periodic import Scheduler
+from mealquest.extensions import get_store
+from mealquest.households import create_household
 from mealquest.jobs.registry import KindOptions
 from mealquest.jobs.retention import PRUNE_CRON, PRUNE_KIND, prune
-from mealquest.recipes.parse import ParsedRecipe
+from mealquest.jobs.runner.scheduler import Scheduler
+from mealquest.jobs.service import get_jobs
+from mealquest.model.households import SYSTEM_HOUSEHOLD_ID
+from mealquest.model.jobs import FINAL_STATUSES, ClaimRequest, Status
+from mealquest.model.recipes import ParsedRecipe
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema
@@ -67,7 +69,9 @@ def test_every_final_status_older_than_the_cutoff_goes_and_nothing_else(jobs, ho
     queued = jobs.enqueue("succeed", {"value": 2}, household_id=hid)
     running = jobs.enqueue("succeed", {"value": 3}, household_id=hid)
     store.write(
-        lambda tx: store.jobs.claim(tx, owner="o", lease_seconds=60, limit=1, kinds=["succeed"])
+        lambda tx: store.jobs.claim(
+            tx, ClaimRequest(owner="o", lease_seconds=60, limit=1, kinds=["succeed"])
+        )
     )
     long_ago = stamp(store, utc_now() - timedelta(days=90))
     sql.execute(store, "UPDATE jobs SET created_at = ?, run_at = ?", (long_ago, long_ago))

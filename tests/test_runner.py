@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -13,13 +12,24 @@ import pytest
 from marshmallow import Schema, ValidationError, fields
 
 from mealquest.clock import to_text, utc_now
-from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, TooManyJobs, UnknownKind
-from mealquest.jobs.executor import MAX_FAILURE_MESSAGE
-from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import Attempt, Lease, OnInterrupt, Recovered, Status, Transition
+from mealquest.extensions import get_store
+from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
+from mealquest.jobs.outcome import MAX_FAILURE_MESSAGE
 from mealquest.jobs.registry import KindOptions, Registry
-from mealquest.jobs.runner import Pool, PoolSettings
+from mealquest.jobs.runner.pool import Pool
+from mealquest.jobs.runner.rescuer import Rescuer
+from mealquest.jobs.runner.settings import PoolSettings
+from mealquest.jobs.service import get_jobs
+from mealquest.model.jobs import (
+    Attempt,
+    ClaimRequest,
+    Lease,
+    NewJob,
+    OnInterrupt,
+    Recovered,
+    Status,
+    Transition,
+)
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET, ValueSchema, succeed
@@ -33,11 +43,9 @@ def claim(store, *, owner: str, limit: int, lease_seconds: float = 30.0, now=Non
     """A claim as another process with the test kinds would make it (at `now`)."""
     return store.write(
         store.jobs.claim,
-        owner=owner,
-        lease_seconds=lease_seconds,
-        limit=limit,
-        kinds=TEST_KINDS,
-        now=now,
+        ClaimRequest(
+            owner=owner, lease_seconds=lease_seconds, limit=limit, kinds=TEST_KINDS, now=now
+        ),
     )
 
 
@@ -103,98 +111,8 @@ def idle_pool(jobs, household, workers: int):
     pool = jobs.start_pool()
     warm_up = jobs.enqueue("succeed", {"value": 0}, household_id=household.household_id)
     wait_for(lambda: final(jobs, warm_up))
-    wait_for(lambda: pool.executor.free_slots() == workers and not pool.executor.claims_in_flight())
+    wait_for(lambda: pool.slots.free() == workers and not pool.slots.claims_in_flight())
     return pool
-
-
-@pytest.mark.sqlite_only  # PostgreSQL's writers run at once: its enqueue only wakes the pool
-def test_an_enqueue_with_a_slot_free_claims_its_job_in_its_own_transaction(
-    make_app, household, gates
-):
-    # Nothing else could start it: the poll and the change check are far away.
-    app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
-    jobs = get_jobs(app)
-    pool = idle_pool(jobs, household, 2)
-
-    job_id = jobs.enqueue(
-        "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
-    )
-
-    # Running here as soon as the enqueue returns: claimed by the enqueue's commit.
-    assert pool.active_jobs() == [job_id]
-    assert jobs.get(job_id).status is Status.RUNNING
-    # One slot stays free and unreserved for the next enqueue.
-    assert pool.executor.free_slots() == 1
-    gates.open("a")
-    assert wait_for(lambda: final(jobs, job_id), timeout=5).status is Status.SUCCEEDED
-
-
-@pytest.mark.sqlite_only
-def test_an_enqueue_refused_at_the_quota_leaves_no_slot_reserved(make_app, household, gates):
-    app = make_app(
-        JOB_WORKERS=2,
-        JOB_POLL_SECONDS=60.0,
-        JOB_CHANGE_CHECK_SECONDS=60.0,
-        JOB_MAX_PENDING_PER_HOUSEHOLD=1,
-    )
-    jobs = get_jobs(app)
-    pool = idle_pool(jobs, household, 2)
-    running = jobs.enqueue(
-        "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
-    )
-    wait_for(lambda: gates.arrivals("a") == 1)
-    assert pool.executor.free_slots() == 1
-
-    # The refused enqueue reserved the free slot for its claim, then rolled back.
-    with pytest.raises(TooManyJobs):
-        jobs.enqueue("succeed", {"value": 3}, household_id=household.household_id)
-
-    assert not pool.executor.claims_in_flight()
-    assert pool.executor.free_slots() == 1
-    gates.open("a")
-    wait_for(lambda: final(jobs, running))
-    # The pool is idle again: the next enqueue claims its job.
-    after = jobs.enqueue("succeed", {"value": 4}, household_id=household.household_id)
-    assert wait_for(lambda: final(jobs, after), timeout=5).result == {"value": 4}
-
-
-@pytest.mark.sqlite_only
-def test_a_claim_made_for_an_enqueue_whose_caller_was_killed_is_put_back(make_app, household):
-    # The caller is killed while its write waits for the writer: the write
-    # still commits the job and the claim made for it, which nobody will run
-    # here; the jobs go back to the queue at once, not at the lease's end
-    # (which would fail them: interrupted).
-    app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
-    jobs, store = get_jobs(app), get_store(app)
-    pool = idle_pool(jobs, household, 2)
-    entered, release = threading.Event(), threading.Event()
-
-    def hold_the_writer(tx):
-        entered.set()
-        release.wait(30)  # a native wait, in the writer thread
-
-    holder = gevent.spawn(store.write, hold_the_writer)
-    wait_for(entered.is_set)
-    enqueuer = gevent.spawn(
-        jobs.enqueue, "succeed", {"value": 9}, household_id=household.household_id
-    )
-    wait_for(pool.executor.claims_in_flight)
-
-    enqueuer.kill()
-    release.set()
-    holder.get(timeout=10)
-
-    # The killed caller's write runs after the held one.
-    [job_id] = wait_for(
-        lambda: [
-            row["id"]
-            for row in sql.rows(store, "SELECT id FROM jobs WHERE payload = ?", ('{"value":9}',))
-        ]
-    )
-    job = wait_for(lambda: final(jobs, job_id), timeout=10)
-    assert job.status is Status.SUCCEEDED
-    assert job.attempt == 1  # the lost claim's attempt was refunded
-    assert not pool.executor.claims_in_flight()
 
 
 def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
@@ -209,7 +127,7 @@ def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
 
     job_id = store.write(with_own_writes)
 
-    assert not pool.executor.claims_in_flight()
+    assert not pool.slots.claims_in_flight()
     assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 5}
 
 
@@ -345,12 +263,14 @@ def test_a_kind_this_process_has_no_handler_for_stays_queued_and_is_reported(
     def insert(tx):
         store.jobs.insert_job(
             tx,
-            job_id=job_id,
-            household_id=household.household_id,
-            kind="newer_kind",
-            payload="{}",
-            max_attempts=1,
-            on_interrupt=OnInterrupt.FAIL,
+            NewJob(
+                job_id=job_id,
+                household_id=household.household_id,
+                kind="newer_kind",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+            ),
         )
 
     store.write(insert)
@@ -481,7 +401,9 @@ def test_a_retry_waits_for_its_backoff(jobs, store, household):
 
     claimed = claim(store, owner="test-owner", limit=10)
     assert [job.id for job in claimed] == [job_id]
-    assert store.write(store.jobs.transition, lease, to=Status.QUEUED, delay_seconds=3600)
+    assert store.write(
+        store.jobs.transition, Transition(lease, to=Status.QUEUED, delay_seconds=3600)
+    )
     job = jobs.get(job_id)
     assert (job.status, job.result, job.lease_owner) == (Status.QUEUED, None, None)
     assert (
@@ -564,7 +486,7 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
         (Status.FAILED, {"error": "x"}),
         (Status.QUEUED, {}),
     ):
-        assert not store.write(store.jobs.transition, stale, to=to, **values)
+        assert not store.write(store.jobs.transition, Transition(stale, to=to, **values))
     assert not store.write(store.jobs.publish, stale, result="{}")
     assert store.write(store.jobs.renew_leases, [stale], lease_seconds=30) == set()
     assert jobs.get(once).error == "interrupted by restart"
@@ -619,12 +541,7 @@ def test_a_batch_of_transitions_ends_each_job_as_its_own_transition_does(jobs, s
             matched = [
                 store.write(
                     store.jobs.transition,
-                    change.lease,
-                    to=change.to,
-                    attempt=change.attempt,
-                    result=change.result,
-                    error=change.error,
-                    delay_seconds=change.delay_seconds,
+                    change,
                 )
                 for change in transitions
             ]
@@ -723,7 +640,9 @@ def test_a_batch_stores_any_error_text_as_one_transition_does(jobs, store, house
     assert [jobs.get(job.id).error for job in (first, second)] == texts
     # Text that is not Unicode fails the batch as it fails one transition: nothing written.
     for write in (
-        lambda tx: store.jobs.transition(tx, third.lease, to=Status.FAILED, error="\udcff"),
+        lambda tx: store.jobs.transition(
+            tx, Transition(third.lease, to=Status.FAILED, error="\udcff")
+        ),
         lambda tx: store.jobs.transition_many(
             tx,
             [

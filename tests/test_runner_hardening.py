@@ -23,15 +23,22 @@ import pytest
 from gevent.event import Event
 from marshmallow import Schema, fields, post_load
 
-from mealquest import migrations
 from mealquest.clock import to_text, utc_now
-from mealquest.extensions import get_jobs
+from mealquest.db.sqlite import migrate
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.maintenance import Rescuer
-from mealquest.jobs.model import MAX_INTERRUPTIONS, Failure, OnInterrupt, Recovered, Status
 from mealquest.jobs.registry import Backoff, KindOptions
-from mealquest.jobs.runner import JobContext
-from mealquest.jobs.service import JobService
+from mealquest.jobs.runner.rescuer import Rescuer
+from mealquest.jobs.service import JobService, get_jobs
+from mealquest.model.jobs import (
+    MAX_INTERRUPTIONS,
+    ClaimRequest,
+    Failure,
+    OnInterrupt,
+    Recovered,
+    Status,
+    Transition,
+)
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, ValueSchema
@@ -330,7 +337,7 @@ def test_the_heartbeat_does_not_renew_a_handler_past_its_timeout_and_grace(
     job_id = enqueue(jobs, "stubborn", household, gate="g")
     pool = jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
-    [entry] = pool.executor.running.values()
+    [entry] = pool.slots.running.values()
     assert pool.heartbeat.renewable(entry, time.monotonic())
     assert not pool.heartbeat.renewable(entry, entry.deadline + 0.31)
     wait_for(lambda: jobs.get(job_id).status == Status.FAILED)
@@ -445,7 +452,7 @@ def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_exp
 def _returned_and_recording(jobs: JobService, job_id: str) -> Any:
     """The job's entry once its handler returned and its outcome is being written."""
     assert jobs.pool is not None
-    for entry in list(jobs.pool.executor.running.values()):
+    for entry in list(jobs.pool.slots.running.values()):
         if entry.job.id == job_id and entry.recording:
             return entry
     return None
@@ -541,11 +548,13 @@ def test_a_kill_that_lands_in_the_outcomes_retry_sleep_leaves_its_outcome_to_sta
 def claim_all(store, owner: str, now) -> list:
     return store.write(
         store.jobs.claim,
-        owner=owner,
-        lease_seconds=0,
-        now=now,
-        limit=10,
-        kinds=("held", "held_once", "writes_after_its_gate"),
+        ClaimRequest(
+            owner=owner,
+            lease_seconds=0,
+            now=now,
+            limit=10,
+            kinds=("held", "held_once", "writes_after_its_gate"),
+        ),
     )
 
 
@@ -583,7 +592,7 @@ def test_an_attempt_that_ends_otherwise_resets_the_interruptions_in_a_row(hostil
     claim_all(store, "dead", now)
     Rescuer(store).run_once(now + timedelta(seconds=1))
     [claimed] = claim_all(store, "live", utc_now())
-    assert store.write(store.jobs.transition, claimed.lease, to=Status.QUEUED)
+    assert store.write(store.jobs.transition, Transition(claimed.lease, to=Status.QUEUED))
     job = jobs.get(job_id)
     assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 1, 0)
 
@@ -730,7 +739,7 @@ def test_a_row_that_does_not_decode_fails_alone(hostile, household, client, auth
 @pytest.mark.sqlite_only  # legacy data only ever lived in SQLite
 def test_a_legacy_pending_row_whose_result_is_not_json_fails_alone(tmp_path: Path, make_app, logs):
     path = str(tmp_path / "legacy.sqlite3")
-    migrations.upgrade(path, target=2)
+    migrate.upgrade(path, target=2)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("INSERT INTO households (id, name, created_at) VALUES (1, 'Smiths', 'T')")
     for job_id, result in (("legacy-bad", "<html>not json"), ("legacy-good", None)):
@@ -740,7 +749,7 @@ def test_a_legacy_pending_row_whose_result_is_not_json_fails_alone(tmp_path: Pat
             (job_id, result, "2025-01-01T10:00:00.000000Z", "2025-01-01T10:00:00.000000Z"),
         )
     conn.close()
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     jobs = get_jobs(make_app(DATABASE=path))
     jobs.start_pool()
     good = wait_for(

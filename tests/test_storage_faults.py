@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mealquest import migrations
-from mealquest.store import StorageFault, Store, StoreUnavailable
+from mealquest.db.errors import StorageFault, StoreUnavailable
+from mealquest.db.sqlite import migrate
+from mealquest.db.sqlite.store import SqliteStore
 from tests.support.small_disk import SmallDisk
 from tests.test_store import household_names, insert_household
 
@@ -38,7 +39,7 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
 def database(small_disk: SmallDisk) -> dict[str, str]:
     """Overrides conftest's: the app, its store and the household live on the small disk."""
     path = str(small_disk.path / "mealquest.sqlite3")
-    migrations.upgrade(path)
+    migrate.upgrade(path)
     return {"DATABASE": path}
 
 
@@ -75,7 +76,9 @@ def test_a_full_disk_is_503_told_once_and_heals_by_itself_with_nothing_lost(
     assert len(listed.get_json()["jobs"]) == 3
 
     # One line for the whole fault, at ERROR, naming it; no traceback, nothing per request.
-    assert [(r.levelno, r.name) for r in logs.records] == [(logging.ERROR, "mealquest.store")]
+    assert [(r.levelno, r.name) for r in logs.records] == [
+        (logging.ERROR, "mealquest.db.sqlite.faults")
+    ]
     assert "disk full (SQLITE_FULL)" in logs.records[0].getMessage()
     assert logs.records[0].exc_info is None
     assert str(small_disk.path) not in logs.text
@@ -86,7 +89,9 @@ def test_a_full_disk_is_503_told_once_and_heals_by_itself_with_nothing_lost(
     after = enqueue()
     assert after.status_code == 202
     # The end of the fault is told once too, with how many writes it refused.
-    assert [(r.levelno, r.name) for r in logs.records] == [(logging.WARNING, "mealquest.store")]
+    assert [(r.levelno, r.name) for r in logs.records] == [
+        (logging.WARNING, "mealquest.db.sqlite.faults")
+    ]
     assert "20 refused" in logs.records[0].getMessage()
 
     listed = client.get("/api/v1/jobs", headers=auth).get_json()["jobs"]
@@ -130,7 +135,7 @@ def test_a_write_on_a_full_disk_is_a_storage_fault_until_there_is_room(store, sm
 
 def test_a_database_that_cannot_be_opened_is_a_storage_fault_until_it_can(tmp_path, logs):
     path = tmp_path / "not-yet" / "mealquest.sqlite3"
-    store = Store(str(path), busy_timeout_seconds=0.5)
+    store = SqliteStore(str(path), busy_timeout_seconds=0.5)
     try:
         for _ in range(3):
             with pytest.raises(StorageFault) as raised:
@@ -149,7 +154,7 @@ def test_a_database_that_cannot_be_opened_is_a_storage_fault_until_it_can(tmp_pa
         ]
         assert all(r.exc_info is None for r in logs.records)
 
-        migrations.upgrade(str(path))
+        migrate.upgrade(str(path))
         store.check_writable()
         store.write(insert_household, "opened")
         assert household_names(store) == ["opened"]

@@ -11,16 +11,15 @@ import time
 import gevent
 import pytest
 
-from mealquest import migrations
-from mealquest.extensions import get_store
-from mealquest.store import (
-    _CHECKPOINT_AFTER_WRITES,
-    Store,
+from mealquest.db.errors import (
     StoreUnavailable,
     StoreUsedAcrossFork,
     StoreWriterDied,
     StoreWriterUnresponsive,
 )
+from mealquest.db.sqlite import migrate
+from mealquest.db.sqlite.store import _CHECKPOINT_AFTER_WRITES, SqliteStore
+from mealquest.extensions import get_store
 from tests.conftest import wait_for
 from tests.support.sqlite_lock import LockHolder
 
@@ -150,7 +149,7 @@ def test_the_store_keeps_temporary_tables_in_memory_and_migrations_do_not(store,
     assert store.write(lambda tx: tx.execute("PRAGMA temp_store").fetchone()[0]) == 2
     assert store.read(lambda conn: conn.execute("PRAGMA temp_store").fetchone()[0]) == 2
     # A migration's CREATE INDEX sorts a whole table: that may spill to a file.
-    conn = migrations._open(db_path)
+    conn = migrate._open(db_path)
     try:
         assert conn.execute("PRAGMA temp_store").fetchone()[0] == 0
     finally:
@@ -163,13 +162,13 @@ def test_reads_cannot_write(store):
 
 
 def test_synchronous_is_configurable_and_checked(db_path):
-    store = Store(db_path, synchronous="full")
+    store = SqliteStore(db_path, synchronous="full")
     try:
         assert store.write(lambda tx: tx.execute("PRAGMA synchronous").fetchone()[0]) == 2
     finally:
         store.close()
     with pytest.raises(ValueError, match="synchronous"):
-        Store(db_path, synchronous="SOMETIMES")
+        SqliteStore(db_path, synchronous="SOMETIMES")
 
 
 def test_data_version_changes_when_another_connection_commits(store, db_path):
@@ -252,7 +251,7 @@ def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_
     setup.execute("CREATE TABLE t (x INTEGER)")
     setup.execute("INSERT INTO t VALUES (1)")
     setup.close()
-    store = Store(path, busy_timeout_seconds=0.3)
+    store = SqliteStore(path, busy_timeout_seconds=0.3)
     holder = LockHolder(path, mode="EXCLUSIVE")
     try:
         with Ticker() as ticker:

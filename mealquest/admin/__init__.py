@@ -1,7 +1,7 @@
 """The operators' dashboard at `/admin/`: server-rendered pages to watch and
 steer the queue, behind an operator's sign-in.
 
-On only with `MEALQUEST_DASHBOARD` (config_check then requires
+On only with `MEALQUEST_DASHBOARD` (`check_config` then requires
 `MEALQUEST_SECRET_KEY`, which signs the session cookie and the CSRF tokens).
 The session cookie is scoped to `/admin`, HttpOnly, SameSite=Strict, and
 Secure whenever the request came over TLS (directly, or through a proxy the

@@ -9,9 +9,10 @@ from __future__ import annotations
 import enum
 import logging
 
-from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs.model import Status
-from mealquest.operators import Operator
+from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
+from mealquest.model.jobs import Status
+from mealquest.model.operators import Operator
 
 logger = logging.getLogger(__name__)
 

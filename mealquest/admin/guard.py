@@ -11,7 +11,8 @@ from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, CSRFProtect
 
 from mealquest.extensions import get_store
-from mealquest.operators import Operator, operator_by_id
+from mealquest.model.operators import Operator
+from mealquest.operators import operator_by_id
 
 csrf = CSRFProtect()
 

@@ -28,10 +28,11 @@ from mealquest.admin.guard import (
     sign_in,
     sign_out,
 )
-from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs.model import Job, Status
+from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
+from mealquest.model.jobs import Job, Status
 from mealquest.operators import operator_for_token
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,10 @@
-"""Which database the service uses: `MEALQUEST_DATABASE_URL`, or the SQLite file
-`MEALQUEST_DATABASE`. Opening a store connects to nothing; the first use does,
-in the process that uses it."""
+"""The databases: the driver contract (`driver`), the errors and the migration
+ledger both drivers share, and their drivers (`sqlite`, `postgresql`).
+
+Which database the service uses: `MEALQUEST_DATABASE_URL`, or the SQLite
+file `MEALQUEST_DATABASE`. `open_store` is the one place above the drivers
+that names one; opening a store connects to nothing: the first use does, in
+the process that uses it."""
 
 from __future__ import annotations
 
@@ -11,13 +15,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mealquest.db.driver import Store
+from mealquest.db.errors import DatabaseURLError
 
 SQLITE_SCHEME = "sqlite"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
-
-
-class DatabaseURLError(ValueError):
-    """The database URL is not one this service can use."""
 
 
 def driver_errors() -> tuple[type[Exception], ...]:
@@ -66,7 +67,7 @@ def open_store(config: Mapping[str, Any]) -> Store:
             pool_size=int(config["PG_POOL_SIZE"]),
             listen=bool(config["PG_LISTEN"]),
         )
-    from mealquest.store import Store as SqliteStore
+    from mealquest.db.sqlite.store import SqliteStore
 
     path = sqlite_path(url) if url else config["DATABASE"]
     return SqliteStore(path, synchronous=config["DB_SYNCHRONOUS"], busy_timeout_seconds=busy)

@@ -13,39 +13,34 @@ present at most.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import replace
 
-from mealquest.jobs.model import Job
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.jobs import ClaimRequest, Job
 
-ClaimOnePriority = Callable[..., list[Job]]
+# One statement's claim of the jobs of one priority.
+ClaimOnePriority = Callable[[Transaction, ClaimRequest], list[Job]]
 # Whether a job of one of the kinds is queued and due (in the claim's transaction).
-AnyDue = Callable[[Any, Collection[str]], bool]
+AnyDue = Callable[[Reads, Collection[str]], bool]
 
 
 def by_priority(
-    claim_one_priority: ClaimOnePriority,
-    any_due: AnyDue,
-    tx: Any,
-    *,
-    limit: int,
-    kinds: Collection[str],
-    kind_limits: Mapping[str, int] | None = None,
-    **arguments: Any,
+    claim_one_priority: ClaimOnePriority, any_due: AnyDue, tx: Transaction, request: ClaimRequest
 ) -> list[Job]:
-    """Up to `limit` jobs, best priority first, each priority's jobs in the
-    order `claim_one_priority` gives them. `kind_limits` (how many of a kind
-    this claim may take) is spent across the statements.
+    """Up to `request.limit` jobs, best priority first, each priority's jobs in
+    the order `claim_one_priority` gives them. `request.kind_limits` (how
+    many of a kind this claim may take) is spent across the statements.
 
     A statement that left room runs again only if `any_due(tx, kinds)`,
     asked about the kinds with room left, finds a due job still queued: the
     claim statement is far dearer, and most claims that leave room have
     taken every due job."""
     claimed: list[Job] = []
-    room = dict(kind_limits or {})
-    while len(claimed) < limit:
+    room = dict(request.kind_limits)
+    while len(claimed) < request.limit:
         batch = claim_one_priority(
-            tx, limit=limit - len(claimed), kinds=kinds, kind_limits=room, **arguments
+            tx, replace(request, limit=request.limit - len(claimed), kind_limits=dict(room))
         )
         if not batch:
             break
@@ -53,8 +48,8 @@ def by_priority(
         for job in batch:
             if job.kind in room:
                 room[job.kind] -= 1
-        if len(claimed) < limit and arguments.get("now") is None:
-            open_kinds = [kind for kind in kinds if room.get(kind, 1) > 0]
+        if len(claimed) < request.limit and request.now is None:
+            open_kinds = [kind for kind in request.kinds if room.get(kind, 1) > 0]
             if not any_due(tx, open_kinds):
                 break
     return claimed

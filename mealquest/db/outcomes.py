@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from mealquest.jobs.model import Transition, check_transition
+from mealquest.db.driver import Transaction
+from mealquest.model.jobs import Transition, check_transition
 
 # Writes transitions that each name another job, in one statement, in the
 # transaction given; the ids of the jobs it moved.
-WriteTogether = Callable[[Any, list[Transition]], set[str]]
+WriteTogether = Callable[[Transaction, list[Transition]], set[str]]
 # The driver's `transition`: one job's move; whether its lease was still held.
-WriteOne = Callable[..., bool]
+WriteOne = Callable[[Transaction, Transition], bool]
 
 
 def transition_many(
-    tx: Any, transitions: Sequence[Transition], together: WriteTogether, transition: WriteOne
+    tx: Transaction,
+    transitions: Sequence[Transition],
+    together: WriteTogether,
+    transition: WriteOne,
 ) -> list[bool]:
     """Whether each transition's lease was still held: the jobs named once
     written by `together` (when there are two or more of them), any other
@@ -36,14 +39,6 @@ def transition_many(
     return [
         change.lease.job_id in moved
         if len(once) > 1 and named[change.lease.job_id] == 1
-        else transition(
-            tx,
-            change.lease,
-            to=change.to,
-            attempt=change.attempt,
-            result=change.result,
-            error=change.error,
-            delay_seconds=change.delay_seconds,
-        )
+        else transition(tx, change)
         for change in transitions
     ]

@@ -17,9 +17,8 @@ from mealquest.auth import (
     require_token,
 )
 from mealquest.errors import conflict, not_found
-from mealquest.extensions import get_jobs, get_store
-from mealquest.households import TOKEN_PREFIX, Household, digest_of_wellformed
-from mealquest.jobs.model import Status
+from mealquest.extensions import get_store
+from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
@@ -28,6 +27,9 @@ from mealquest.jobs.schemas import (
     JobSchema,
     dump_job,
 )
+from mealquest.jobs.service import get_jobs
+from mealquest.model.households import Household
+from mealquest.model.jobs import Status
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
 from mealquest.read_cache import ReadCache

@@ -17,14 +17,15 @@ from flask.cli import AppGroup
 from gevent import monkey
 from marshmallow import ValidationError
 
-from mealquest import households, migrations
-from mealquest.extensions import get_jobs
+from mealquest import households
+from mealquest.db import migrations
+from mealquest.db.errors import StoreError
 from mealquest.jobs import retention
 from mealquest.jobs.errors import JobsError
-from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
+from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.standalone import serve_configured as serve_metrics
-from mealquest.store import StoreError
+from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
 
 jobs_cli = AppGroup("jobs", help="The job queue.")
 

@@ -12,20 +12,19 @@ enqueue's, each run of jobs without a key by one statement.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any
 
 from marshmallow import ValidationError
 
+from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
-from mealquest.jobs.model import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, OnInterrupt
 from mealquest.jobs.registry import Kind, Registry
+from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, NewJob
 
 # How long an idempotency key names its job: a repeat within the window is
 # answered with the same job; after it, the key may name a new one.
@@ -53,31 +52,6 @@ def new_job_id() -> str:
     of a small job's validation in a bulk enqueue)."""
     value = int.from_bytes(os.urandom(16))
     return f"{(value & ~_UUID4_FIXED_MASK) | _UUID4_FIXED_BITS:032x}"
-
-
-@dataclass(frozen=True)
-class NewJob:
-    """A validated job, ready to be inserted (nothing about it can fail validation any more)."""
-
-    job_id: str
-    household_id: int
-    kind: str
-    payload: str
-    max_attempts: int
-    on_interrupt: OnInterrupt
-    priority: int = DEFAULT_PRIORITY
-    run_at: datetime | None = None
-    delay_seconds: float | None = None
-    unique_key: str | None = None
-
-    @property
-    def unique_digest(self) -> str | None:
-        """What tells a repeat of the request from another request reusing the key:
-        the kind and the canonical payload (so `{"a":1}` and `{ "a": 1 }` are
-        the same request)."""
-        if self.unique_key is None:
-            return None
-        return hashlib.sha256(f"{self.kind}\n{self.payload}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -166,7 +140,7 @@ def prepare_all(registry: Registry, requests: Sequence[JobRequest]) -> list[NewJ
 def _kind(registry: Registry, name: str) -> Kind:
     kind = registry.get(name)
     if kind is None:
-        raise UnknownKind(f"{(UnknownKind.__doc__ or '').rstrip('.')}: {name}")
+        raise UnknownKind(f"{str(UnknownKind()).rstrip('.')}: {name}")
     return kind
 
 
@@ -228,24 +202,7 @@ def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
     )
 
 
-def insert_arguments(job: NewJob) -> dict[str, Any]:
-    """The driver's `insert_job` arguments for `job`."""
-    return {
-        "job_id": job.job_id,
-        "household_id": job.household_id,
-        "kind": job.kind,
-        "payload": job.payload,
-        "max_attempts": job.max_attempts,
-        "on_interrupt": job.on_interrupt,
-        "priority": job.priority,
-        "run_at": job.run_at,
-        "delay_seconds": job.delay_seconds,
-        "unique_key": job.unique_key,
-        "unique_digest": job.unique_digest,
-    }
-
-
-def insert_all(tx: Any, jobs: ModuleType, new_jobs: Sequence[NewJob]) -> list[Enqueued]:
+def insert_all(tx: Transaction, jobs: JobStatements, new_jobs: Sequence[NewJob]) -> list[Enqueued]:
     """Insert prepared jobs in their order, as `insert` does each: the jobs
     without an idempotency key that come one after another go in one
     `insert_jobs` call (a run at a time, see `runs`), since nothing about
@@ -256,7 +213,7 @@ def insert_all(tx: Any, jobs: ModuleType, new_jobs: Sequence[NewJob]) -> list[En
             # One row: the plain statement, without the bulk one's JSON or arrays.
             done.append(insert(tx, jobs, run[0]))
         else:
-            jobs.insert_jobs(tx, [insert_arguments(job) for job in run])
+            jobs.insert_jobs(tx, run)
             done.extend(Enqueued(job.job_id) for job in run)
     return done
 
@@ -288,7 +245,9 @@ def runs(
         yield run
 
 
-def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "raise") -> Enqueued:
+def insert(
+    tx: Transaction, jobs: JobStatements, job: NewJob, *, on_reused_key: str = "raise"
+) -> Enqueued:
     """Insert a prepared job in the open transaction `tx` through `jobs`, the
     driver's job statements.
 
@@ -299,9 +258,8 @@ def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "rais
     IdempotencyKeyReused (`on_reused_key="raise"`), or the holder all the same
     (`"keep"`).
     """
-    values = insert_arguments(job)
     if job.unique_key is None:
-        jobs.insert_job(tx, **values)
+        jobs.insert_job(tx, job)
         return Enqueued(job.job_id)
     jobs.release_unique_key(
         tx,
@@ -312,12 +270,12 @@ def insert(tx: Any, jobs: ModuleType, job: NewJob, *, on_reused_key: str = "rais
     # Twice at most: the holder's key may be released between the insert and
     # the look (its window ending just then), and the next insert then wins.
     for _ in range(2):
-        if jobs.insert_job(tx, **values):
+        if jobs.insert_job(tx, job):
             return Enqueued(job.job_id)
         holder = jobs.holder_of_key(tx, household_id=job.household_id, unique_key=job.unique_key)
         if holder is not None:
             holder_id, digest = holder
             if digest != job.unique_digest and on_reused_key == "raise":
-                raise IdempotencyKeyReused(IdempotencyKeyReused.__doc__)
+                raise IdempotencyKeyReused()
             return Enqueued(holder_id, created=False)
     raise RuntimeError("an idempotency key kept changing hands")

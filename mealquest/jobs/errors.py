@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mealquest.documented import DocumentedError, DocumentedInterrupt
 
-class JobsError(Exception):
+
+class JobsError(DocumentedError):
     """The job runner refused an operation."""
 
 
@@ -27,7 +29,7 @@ class TooManyJobs(JobsError):
     """
 
     def __init__(self, retry_after: int) -> None:
-        super().__init__(self.__doc__.splitlines()[0] if self.__doc__ else "too many jobs")
+        super().__init__()
         self.retry_after = retry_after
 
 
@@ -35,21 +37,13 @@ class PoolAlreadyStarted(JobsError):
     """The pool has already been started."""
 
 
-class LeaseLost(BaseException):
-    """This worker no longer holds the job's lease; the job is someone else's now.
-
-    A BaseException, like gevent's Timeout and GreenletExit, so that a handler's
-    `except Exception` cannot swallow it and write on.
-    """
+class LeaseLost(DocumentedInterrupt):
+    """This worker no longer holds the job's lease; the job is someone else's now."""
 
 
-class PoolStopping(BaseException):
+class PoolStopping(DocumentedInterrupt):
     """The pool is stopping and did not wait for this job any longer."""
 
 
-class JobCancelled(BaseException):
-    """The job was cancelled and its handler did not stop within the grace.
-
-    A BaseException, like LeaseLost, so that a handler's `except Exception`
-    cannot swallow it.
-    """
+class JobCancelled(DocumentedInterrupt):
+    """The job was cancelled and its handler did not stop within the grace."""

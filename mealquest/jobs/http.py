@@ -18,10 +18,10 @@ from marshmallow import ValidationError
 
 from mealquest.auth import current_household
 from mealquest.errors import APIError, not_found
-from mealquest.extensions import get_jobs
 from mealquest.jobs.enqueueing import UNIQUE_KEY_PATTERN, UNIQUE_KEY_RULE, Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused
 from mealquest.jobs.schemas import JobSchema
+from mealquest.jobs.service import get_jobs
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 

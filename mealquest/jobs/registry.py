@@ -17,10 +17,10 @@ from marshmallow import RAISE, Schema, ValidationError
 
 from mealquest.jobs.cron import CronSchedule
 from mealquest.jobs.errors import RegistrationError
-from mealquest.jobs.model import OnInterrupt
+from mealquest.model.jobs import OnInterrupt
 
 if TYPE_CHECKING:
-    from mealquest.jobs.runner import JobContext
+    from mealquest.jobs.context import JobContext
 
 Handler = Callable[[Any, "JobContext"], Any]
 
@@ -52,7 +52,7 @@ class KindOptions:
 
     `cron` makes the kind periodic: a five-field cron expression, in UTC, at
     each of whose times one job of the kind is enqueued with `cron_payload`,
-    for the system household (see `mealquest.jobs.periodic`).
+    for the system household (see `mealquest.jobs.runner.scheduler`).
     Concurrency caps (None: no cap): `max_running_per_process` is how many of
     the kind's jobs one process runs at once (its pool claims no more);
     `max_running` how many run at once in the whole deployment, counted in

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import gevent
 from marshmallow import Schema, fields
 
+from mealquest.db.driver import Store
 from mealquest.jobs.registry import KindOptions, Registry
-from mealquest.store import Store
 
 if TYPE_CHECKING:
-    from mealquest.jobs.runner import JobContext
+    from mealquest.jobs.context import JobContext
 
 PRUNE_KIND = "prune_jobs"
 # Every hour, at a minute of its own (many crontabs use :00).

@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from mealquest.jobs.model import Job, Status
+from mealquest.model.jobs import Job, Status
 from mealquest.pagination import PageQuerySchema
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"

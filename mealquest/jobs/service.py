@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from typing import Any
 
-from flask import Flask
+from flask import Flask, current_app
 
-from mealquest import migrations
-from mealquest.extensions import JOBS_KEY, get_store
-from mealquest.households import Household
+from mealquest.db import migrations
+from mealquest.db.driver import Store, Transaction
+from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing, quota, retention
-from mealquest.jobs.enqueueing import Enqueued, JobRequest, NewJob
+from mealquest.jobs.enqueueing import Enqueued, JobRequest
 from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
-from mealquest.jobs.model import DEFAULT_PRIORITY, Job, Status
-from mealquest.jobs.producer import ClaimAlong
 from mealquest.jobs.registry import Registry
-from mealquest.jobs.runner import Pool, PoolSettings
-from mealquest.store import Store, StoreWriterUnresponsive, Transaction
+from mealquest.jobs.runner.pool import Pool
+from mealquest.jobs.runner.settings import PoolSettings
+from mealquest.model.households import Household
+from mealquest.model.jobs import DEFAULT_PRIORITY, Job, NewJob, Status
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Enqueued", "JobRequest", "JobService", "init_app"]
+__all__ = ["Enqueued", "JobRequest", "JobService", "get_jobs", "init_app"]
+
+JOBS_KEY = "mealquest.jobs"
 
 
 class _AtQuota(Exception):
@@ -147,68 +147,27 @@ class JobService:
     ) -> list[Enqueued]:
         """Insert the jobs in one transaction, then hold each household that
         got a new job to its quota in that same transaction: a repeat that an
-        idempotency key answers makes nothing and so is never refused.
+        idempotency key answers makes nothing and so is never refused. This
+        process's pool is woken once the jobs are committed."""
 
-        When this process's pool has free slots and a job is due now, the same
-        transaction then claims for those slots (where the database writes
-        one transaction at a time: see `Store.writes_one_at_a_time`), so the
-        job starts without a claim of its own: one commit, not two, between
-        the enqueue and the handler. The claim is the pool's usual one, so
-        households still take their turns."""
-        along = self._claiming_along(jobs) if tx is None else nullcontext(None)
-        with along as claim:
-
-            def insert(tx: Transaction) -> tuple[list[Enqueued], list[Job] | None]:
-                done = enqueueing.insert_all(tx, self.store.jobs, jobs)
-                if within_quota:
-                    grown = {
-                        job.household_id
-                        for job, enqueued in zip(jobs, done, strict=True)
-                        if enqueued.created
-                    }
-                    for household_id in sorted(grown):  # one lock order for every writer
-                        self._check_quota(tx, household_id)
-                if not any(enqueued.created for enqueued in done):
-                    return done, None
-                claimed = claim.run(tx) if claim is not None else None
-                if claimed is None or (claim is not None and len(claimed) == claim.limit):
-                    # Nobody claimed, or more may be due than there was room
-                    # for: the producer looks (after the commit).
-                    tx.after_commit(self._wake_pool)
-                return done, claimed
-
-            claimed_at = time.monotonic()
-            try:
-                if tx is None:
-                    done, claimed = self.store.write(insert)
-                else:
-                    done, claimed = insert(tx)
-            except BaseException as error:
-                # Only these leave the write's outcome unknown: it may still
-                # commit the claim after its caller is gone. Every other
-                # error says the write committed nothing.
-                if claim is not None and (
-                    isinstance(error, StoreWriterUnresponsive) or not isinstance(error, Exception)
-                ):
-                    claim.lost()
-                if isinstance(error, _AtQuota):
-                    raise TooManyJobs(self.quota_retry_after(error.args[0])) from None
-                raise
-            if claim is not None and claimed:
-                claim.hand_out(claimed, claimed_at)
+        def insert(tx: Transaction) -> list[Enqueued]:
+            done = enqueueing.insert_all(tx, self.store.jobs, jobs)
+            if within_quota:
+                grown = {
+                    job.household_id
+                    for job, enqueued in zip(jobs, done, strict=True)
+                    if enqueued.created
+                }
+                for household_id in sorted(grown):  # one lock order for every writer
+                    self._check_quota(tx, household_id)
+            if any(enqueued.created for enqueued in done):
+                tx.after_commit(self._wake_pool)
             return done
 
-    def _claiming_along(self, jobs: list[NewJob]) -> AbstractContextManager[ClaimAlong | None]:
-        """The pool's claim for an enqueue of `jobs` to make in its own
-        transaction, or None (no pool here, a database with concurrent
-        writers, or no job due now)."""
-        if (
-            self.pool is None
-            or not self.store.writes_one_at_a_time
-            or not any(job.run_at is None and not job.delay_seconds for job in jobs)
-        ):
-            return nullcontext(None)
-        return self.pool.claiming_along()
+        try:
+            return self.store.write(insert) if tx is None else insert(tx)
+        except _AtQuota as error:
+            raise TooManyJobs(self.quota_retry_after(error.args[0])) from None
 
     def _check_quota(self, tx: Transaction, household_id: int) -> None:
         """Refuse (rolling the transaction back) a household past its quota.
@@ -294,7 +253,7 @@ class JobService:
         the process stopped gracefully and replaced.
         """
         if self.pool is not None:
-            raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
+            raise PoolAlreadyStarted()
         migrations.require_migrated(self.store)
         pool = Pool(
             self.store,
@@ -320,4 +279,10 @@ def init_app(app: Flask) -> JobService:
         catchup_seconds=service.settings.cron_catchup_seconds,
     )
     app.extensions[JOBS_KEY] = service
+    return service
+
+
+def get_jobs(app: Flask | None = None) -> JobService:
+    """The app's jobs service (of the current app without one)."""
+    service: JobService = (app or current_app).extensions[JOBS_KEY]
     return service

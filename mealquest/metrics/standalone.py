@@ -18,11 +18,11 @@ from flask import Flask
 from gevent.pywsgi import WSGIServer
 
 from mealquest.db.driver import Store
+from mealquest.db.errors import StoreUnavailable
 from mealquest.extensions import get_store
 from mealquest.metrics.registry import CONTENT_TYPE, render
 from mealquest.operators import operator_for_token
 from mealquest.queue_stats import CachedFigures
-from mealquest.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -16,12 +16,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import gevent
+from flask import Flask
 
-from mealquest.jobs.model import Failure
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
-from mealquest.jobs.runner import JobContext
+from mealquest.jobs.service import get_jobs
+from mealquest.model.jobs import Failure
+from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
-from mealquest.recipes.parse import ParsedRecipe, ParserFailed, parse_page
+from mealquest.recipes.parse import ParserFailed, parse_page
 from mealquest.recipes.schemas import (
     ImportStageSchema,
     RecipeImportResultSchema,
@@ -105,4 +108,17 @@ def register(registry: Registry, policy: FetchPolicy, *, retry_base_seconds: flo
             backoff=Backoff(base_seconds=retry_base_seconds, factor=2.0, max_seconds=600.0),
             timeout_seconds=policy.total_timeout_seconds + _PARSE_AND_STORE_SECONDS,
         ),
+    )
+
+
+def init_app(app: Flask) -> None:
+    """Register the `recipe_import` kind with the fetch limits from the config.
+
+    The routes are registered on the authenticated `/api/v1` blueprint (see
+    `mealquest.api`), not here, so that they cannot skip authentication.
+    """
+    register(
+        get_jobs(app).registry,
+        FetchPolicy.from_config(app.config),
+        retry_base_seconds=float(app.config["RECIPE_IMPORT_RETRY_SECONDS"]),
     )

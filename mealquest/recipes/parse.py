@@ -10,7 +10,6 @@ rather than a failed write.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -18,6 +17,7 @@ from recipe_scrapers import scrape_html
 from recipe_scrapers._exceptions import NoSchemaFoundInWildMode
 from w3lib.encoding import html_to_unicode
 
+from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes.fetch import Page
 from mealquest.storable import storable_text
 
@@ -33,17 +33,6 @@ _HTML_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
 class ParserFailed(Exception):
     """The parsing library failed on this page. Carries only the error's type:
     the library's messages quote the URL."""
-
-
-@dataclass(frozen=True)
-class ParsedRecipe:
-    title: str
-    ingredients: list[str]
-    instructions: list[str]
-    yields: str | None
-    total_time_minutes: int | None
-    image_url: str | None
-    author: str | None
 
 
 def parse_page(page: Page) -> ParsedRecipe | None:

@@ -17,7 +17,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 def init_app(app: Flask) -> None:
     """Trust `PROXY_FIX_HOPS` proxies' `X-Forwarded-*` headers, and give every
     response an `X-Request-ID` (the proxy's, or a new one) for the access log."""
-    hops = app.config["PROXY_FIX_HOPS"]  # a whole number, 0 or more (config_check)
+    hops = app.config["PROXY_FIX_HOPS"]  # a whole number, 0 or more (`check_config`)
     if hops:
         # Only as many hops as configured: a client can send its own
         # X-Forwarded-For, and trusting one hop too many lets it pick its address.

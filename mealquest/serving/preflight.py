@@ -11,12 +11,11 @@ import sys
 
 from gunicorn.util import import_app
 
-from mealquest import migrations
-from mealquest.config_check import ConfigError
-from mealquest.db import driver_errors
+from mealquest.config import ConfigError
+from mealquest.db import driver_errors, migrations
+from mealquest.db.errors import StoreError
 from mealquest.extensions import get_store
 from mealquest.serving import flask_app
-from mealquest.store import StoreError
 
 
 def check_database(app_uri: str) -> int:

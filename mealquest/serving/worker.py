@@ -38,13 +38,13 @@ from typing import Any
 import gevent
 from gevent.greenlet import Greenlet
 
-from mealquest import migrations
-from mealquest.db import driver_errors
+from mealquest.db import driver_errors, migrations
+from mealquest.db.errors import StoreError
 from mealquest.db.postgresql.waiting import BlockingPsycopg
-from mealquest.extensions import get_jobs, get_store
-from mealquest.jobs.runner import Pool, StopReport
+from mealquest.extensions import get_store
+from mealquest.jobs.runner.pool import Pool, StopReport
+from mealquest.jobs.service import get_jobs
 from mealquest.serving import flask_app
-from mealquest.store import StoreError
 
 logger = logging.getLogger(__name__)
 

@@ -280,10 +280,10 @@ def test_web_only_workers_leave_jobs_to_flask_jobs_work(
 
 
 def test_gunicorn_refuses_an_unmigrated_database_with_one_clear_first_line(tmp_path):
-    from mealquest import migrations
+    from mealquest.db.sqlite import migrate
 
     behind = str(tmp_path / "behind.sqlite3")
-    migrations.upgrade(behind, target=2)
+    migrate.upgrade(behind, target=2)
     for path in (behind, str(tmp_path / "missing.sqlite3")):
         result = subprocess.run(
             [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", APP],

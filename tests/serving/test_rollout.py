@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from mealquest import migrations
+from mealquest.db import migrations
+from mealquest.db.sqlite import migrate
 from tests.support.ledger import add_migration_row, add_newer_migration
 from tests.support.servers import APP, BIN, http, serving_env, wait_until
 
@@ -47,7 +48,7 @@ def test_a_database_migrated_by_the_next_release_is_served_with_a_warning(served
     assert http("GET", f"{server.url}/healthz").status == 200
     log = server.log()
     warnings = [line for line in log.splitlines() if WARNING.format(name=name) in line]
-    assert all(" WARNING mealquest.migrations: " in line for line in warnings), log
+    assert all(" WARNING mealquest.db.migrations: " in line for line in warnings), log
     # The master's preflight said it before gunicorn listened, and each worker as it started.
     assert log.index(WARNING.format(name=name)) < log.index("Listening at"), log
     assert set(server.worker_pids()) <= pids_that_logged(log, WARNING, name), log
@@ -99,8 +100,8 @@ def start_refused(db_path: str) -> str:
 
 def test_a_database_behind_the_code_is_still_refused(tmp_path):
     behind = str(tmp_path / "behind.sqlite3")
-    migrations.upgrade(behind, target=2)
-    pending = [m.path.name for m in migrations.discover()][2:]
+    migrate.upgrade(behind, target=2)
+    pending = [m.path.name for m in migrations.discover(migrate.MIGRATIONS_DIR)][2:]
 
     output = start_refused(behind)
 
@@ -114,13 +115,13 @@ def test_a_database_behind_the_code_is_still_refused(tmp_path):
 @pytest.mark.parametrize("where", ["below-a-known-one", "while-a-known-one-is-pending"])
 def test_a_database_with_another_history_is_refused(tmp_path, where):
     path = str(tmp_path / "other.sqlite3")
-    known = migrations.discover()
+    known = migrations.discover(migrate.MIGRATIONS_DIR)
     if where == "below-a-known-one":
         # Numbered where no release of this code has a migration: another branch's.
-        migrations.upgrade(path)
+        migrate.upgrade(path)
         add_migration_row(path, 0, "other_branch")
     else:
-        migrations.upgrade(path, target=known[-2].version)
+        migrate.upgrade(path, target=known[-2].version)
         add_migration_row(path, known[-1].version + 1, "next_release")
 
     output = start_refused(path)

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from mealquest.clock import to_text, utc_now
+from mealquest.db.errors import StoreUnavailable
 from mealquest.db.postgresql import migrate
 from mealquest.households import create_household
-from mealquest.store import StoreUnavailable
 from tests.serving.conftest import Served
 from tests.support import sql, transitions
 from tests.support.postgres import fresh_database, require_postgres_url

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mealquest.jobs.model import Failure
-from mealquest.jobs.runner import JobContext
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.service import JobService
+from mealquest.model.jobs import Failure
 from tests.support.kinds import EmptySchema
 
 REASON = "a give_up job asked its process to stop"

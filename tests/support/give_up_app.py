@@ -1,7 +1,7 @@
 """The serving tests' app (`tests.support.serving_app`) with the `give_up` kind,
 for gunicorn and `flask jobs work` processes."""
 
-from mealquest.extensions import get_jobs
+from mealquest.jobs.service import get_jobs
 from tests.support.give_up import register_give_up
 from tests.support.serving_app import app
 

@@ -8,9 +8,9 @@ from typing import Any
 import gevent
 from marshmallow import Schema, ValidationError, fields, post_load, pre_load, validates_schema
 
-from mealquest.jobs.model import Failure
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
-from mealquest.jobs.runner import JobContext
+from mealquest.model.jobs import Failure
 from tests.support.gates import pass_gate
 
 SECRET = "sk_live_TOPSECRET_7f3a9"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from mealquest import migrations
+from mealquest.db import migrations
+from mealquest.db.sqlite import migrate
 
 
 def add_migration_row(path: str, version: int, name: str) -> str:
@@ -25,5 +26,5 @@ def add_migration_row(path: str, version: int, name: str) -> str:
 
 def add_newer_migration(path: str) -> str:
     """The next release's migration, numbered after every one this code has."""
-    newest = max(m.version for m in migrations.discover())
+    newest = max(m.version for m in migrations.discover(migrate.MIGRATIONS_DIR))
     return add_migration_row(path, newest + 1, "next_release")

@@ -85,7 +85,7 @@ def _migrated_template(url: str) -> str:
     """A database with every migration applied, named by the files' checksums:
     made once per server (by whichever test process needs it first)."""
     digest = hashlib.sha256()
-    for migration in migrate.discover(migrate.POSTGRESQL_MIGRATIONS_DIR):
+    for migration in migrate.discover(migrate.MIGRATIONS_DIR):
         digest.update(migration.checksum.encode())
     name = f"mq_template_{digest.hexdigest()[:16]}"
     with _admin(url) as admin:

@@ -20,10 +20,10 @@ from marshmallow import Schema, fields, validate
 
 from mealquest import create_app
 from mealquest.auth import token_auth
-from mealquest.extensions import get_jobs
 from mealquest.jobs import http as jobs_http
+from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import KindOptions, Registry
-from mealquest.jobs.runner import JobContext
+from mealquest.jobs.service import get_jobs
 from tests.support.gates import pass_gate
 from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
 
@@ -211,4 +211,4 @@ register_test_kinds(get_jobs(app).registry)
 register_serving_kinds(get_jobs(app).registry)
 app.register_blueprint(bp)
 app.after_request(_worker_pid)
-logging.getLogger("mealquest.jobs.executor").addHandler(_KillAfterFinish())
+logging.getLogger("mealquest.jobs.runner.executor").addHandler(_KillAfterFinish())

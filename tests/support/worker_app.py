@@ -1,7 +1,7 @@
 """An app with the test kinds, for `flask --app tests.support.worker_app jobs work` processes."""
 
 from mealquest import create_app
-from mealquest.extensions import get_jobs
+from mealquest.jobs.service import get_jobs
 from tests.support.kinds import register_test_kinds
 
 app = create_app()

@@ -7,11 +7,11 @@ only store and read. Times come from the database's clock.
 
 from __future__ import annotations
 
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
-from mealquest.households import Household, UnknownHousehold, UnknownToken
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.households import Household, UnknownHousehold, UnknownToken
 
 
-def insert_household(tx: PostgresTransaction, *, name: str) -> int:
+def insert_household(tx: Transaction, *, name: str) -> int:
     """A new household; its id."""
     row = tx.execute(
         "INSERT INTO households (name, created_at) VALUES (%s, now()) RETURNING id", (name,)
@@ -19,7 +19,7 @@ def insert_household(tx: PostgresTransaction, *, name: str) -> int:
     return int(row["id"])
 
 
-def insert_token(tx: PostgresTransaction, *, household_id: int, token_sha256: str) -> int:
+def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> int:
     """Store a token's digest for a household; the token's id.
 
     Inserts only if the household exists, so an unknown one is
@@ -32,27 +32,27 @@ def insert_token(tx: PostgresTransaction, *, household_id: int, token_sha256: st
         (token_sha256, household_id),
     ).fetchone()
     if row is None:
-        raise UnknownHousehold(UnknownHousehold.__doc__)
+        raise UnknownHousehold()
     return int(row["id"])
 
 
-def create_household(tx: PostgresTransaction, *, name: str, token_sha256: str) -> tuple[int, int]:
+def create_household(tx: Transaction, *, name: str, token_sha256: str) -> tuple[int, int]:
     """A household with its first token: (household id, token id)."""
     household_id = insert_household(tx, name=name)
     return household_id, insert_token(tx, household_id=household_id, token_sha256=token_sha256)
 
 
-def revoke_token(tx: PostgresTransaction, token_id: int) -> None:
+def revoke_token(tx: Transaction, token_id: int) -> None:
     """Revoke a live token at once; `UnknownToken` if none has that id or it is revoked."""
     cursor = tx.execute(
         "UPDATE api_tokens SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL",
         (token_id,),
     )
     if cursor.rowcount != 1:
-        raise UnknownToken(UnknownToken.__doc__)
+        raise UnknownToken()
 
 
-def list_households(conn: Executes) -> list[tuple[Household, int]]:
+def list_households(conn: Reads) -> list[tuple[Household, int]]:
     """Every household with its number of live tokens."""
     rows = conn.execute(
         "SELECT h.id, h.name, count(t.id) AS tokens FROM households h "
@@ -62,7 +62,7 @@ def list_households(conn: Executes) -> list[tuple[Household, int]]:
     return [(Household(row["id"], row["name"]), row["tokens"]) for row in rows]
 
 
-def household_for_token_digest(conn: Executes, token_sha256: str) -> Household | None:
+def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | None:
     """The household a live token (by its digest) belongs to, or None."""
     row = conn.execute(
         "SELECT h.id, h.name FROM api_tokens t JOIN households h ON h.id = t.household_id "

@@ -1,7 +1,7 @@
 """Every SQL statement of the job runner on PostgreSQL, as plain functions.
 
 The same semantics as the SQLite driver's, statement for statement: writes
-take a `PostgresTransaction` (inside `PostgresStore.write`), reads a
+take a `Transaction` (inside `PostgresStore.write`), reads a
 connection (inside `PostgresStore.read`). Every write after the claim is
 fenced on the lease (the job still `running`, owned by this worker's boot
 id, at this attempt); a write that matches no row returns False.
@@ -18,23 +18,23 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
 from mealquest.db import claiming, outcomes
-from mealquest.db.postgresql.notify import notify_enqueued
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
-from mealquest.households import Household
-from mealquest.jobs.model import (
+from mealquest.db.driver import Reads, Transaction
+from mealquest.db.postgresql.transaction import postgres_transaction
+from mealquest.model.households import Household
+from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
     Attempt,
+    ClaimRequest,
     Job,
     Lease,
-    OnInterrupt,
+    NewJob,
     Recovered,
     Status,
     Transition,
@@ -108,48 +108,34 @@ _INSERT = (
 )
 
 
-def _insert_params(
-    *,
-    job_id: str,
-    household_id: int,
-    kind: str,
-    payload: str,
-    max_attempts: int,
-    on_interrupt: OnInterrupt,
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    unique_key: str | None = None,
-    unique_digest: str | None = None,
-) -> dict[str, Any]:
+def _insert_params(job: NewJob) -> dict[str, Any]:
     return {
-        "id": job_id,
-        "household_id": household_id,
-        "kind": kind,
-        "payload": payload,
-        "max_attempts": max_attempts,
-        "on_interrupt": str(on_interrupt),
-        "priority": priority,
-        "unique_key": unique_key,
-        "unique_digest": unique_digest,
-        "run_at": run_at,
-        "delay": None if delay_seconds is None else float(delay_seconds),
+        "id": job.job_id,
+        "household_id": job.household_id,
+        "kind": job.kind,
+        "payload": job.payload,
+        "max_attempts": job.max_attempts,
+        "on_interrupt": str(job.on_interrupt),
+        "priority": job.priority,
+        "unique_key": job.unique_key,
+        "unique_digest": job.unique_digest,
+        "run_at": job.run_at,
+        "delay": None if job.delay_seconds is None else float(job.delay_seconds),
     }
 
 
-def insert_job(tx: PostgresTransaction, **arguments: Any) -> bool:
-    """Queue a job, due at `run_at`, `delay_seconds` from the database's now, or
-    now (the arguments are `_insert_params`'s, by name); listening processes
-    hear of it when the transaction commits.
+def insert_job(tx: Transaction, job: NewJob) -> bool:
+    """Queue a job, due at its `run_at`, `delay_seconds` from the database's
+    now, or now; listening processes hear of it when the transaction commits.
 
     With `unique_key`, nothing is inserted (False) when the household already
     has a job holding that key: the unique index decides (a concurrent insert
     of the same key waits for the other transaction, then inserts nothing).
     True when the job was inserted.
     """
-    if tx.execute(_INSERT, _insert_params(**arguments)).rowcount != 1:
+    if tx.execute(_INSERT, _insert_params(job)).rowcount != 1:
         return False
-    notify_enqueued(tx)
+    postgres_transaction(tx).notify_enqueued()
     return True
 
 
@@ -178,22 +164,22 @@ _INSERT_ARRAYS = (
 )
 
 
-def insert_jobs(tx: PostgresTransaction, jobs: Sequence[Mapping[str, Any]]) -> None:
-    """Queue jobs that hold no idempotency key, each as `insert_job` would
-    (each mapping holds its arguments), in their order, by one statement
+def insert_jobs(tx: Transaction, jobs: Sequence[NewJob]) -> None:
+    """Queue jobs that hold no idempotency key, each as `insert_job` would,
+    in their order, by one statement
     over arrays of their values. An `executemany`, pipelined, still ran the
     statement once a row: 1,000 rows took about 258 ms, against 149."""
-    if any(values.get("unique_key") is not None for values in jobs):
+    if any(job.unique_key is not None for job in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     if not jobs:
         return
-    rows = [_insert_params(**values) for values in jobs]
+    rows = [_insert_params(job) for job in jobs]
     tx.execute(_INSERT_ARRAYS, {name: [row[name] for row in rows] for name, _ in _ARRAYS})
-    notify_enqueued(tx)
+    postgres_transaction(tx).notify_enqueued()
 
 
 def release_unique_key(
-    tx: PostgresTransaction, *, household_id: int, unique_key: str, older_than_seconds: float
+    tx: Transaction, *, household_id: int, unique_key: str, older_than_seconds: float
 ) -> int:
     """Clear `unique_key` from the household's job that holds it, if that job was
     created more than `older_than_seconds` ago (its window is over)."""
@@ -206,9 +192,7 @@ def release_unique_key(
     return cursor.rowcount
 
 
-def holder_of_key(
-    tx: PostgresTransaction, *, household_id: int, unique_key: str
-) -> tuple[str, str] | None:
+def holder_of_key(tx: Transaction, *, household_id: int, unique_key: str) -> tuple[str, str] | None:
     """The (id, digest) of the household's job holding `unique_key`, if any
     (a statement of its own: it sees a concurrent insert that just committed)."""
     row = tx.execute(
@@ -218,7 +202,7 @@ def holder_of_key(
     return (row["id"], row["unique_digest"]) if row else None
 
 
-def cancel_job(tx: PostgresTransaction, job_id: str, household_id: int | None = None) -> Job | None:
+def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
     """Cancel a job: a queued one is cancelled at once; a running one gets
     `cancel_requested_at` (its process stops it and records it cancelled).
     Final jobs are left as they are. Returns the job as it now is (None: no
@@ -238,7 +222,7 @@ def cancel_job(tx: PostgresTransaction, job_id: str, household_id: int | None = 
     return get_job(tx, job_id, household_id)
 
 
-def retry_job(tx: PostgresTransaction, job_id: str, household_id: int | None = None) -> Job | None:
+def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
     """Queue a failed or cancelled job again, due now, with a fresh attempt
     budget; other jobs are left as they are. Returns the job as it now is."""
     tx.execute(
@@ -249,11 +233,11 @@ def retry_job(tx: PostgresTransaction, job_id: str, household_id: int | None = N
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
         {"id": job_id, "household_id": household_id},
     )
-    notify_enqueued(tx)
+    postgres_transaction(tx).notify_enqueued()
     return get_job(tx, job_id, household_id)
 
 
-def cancel_requested(tx: PostgresTransaction, leases: Iterable[Lease]) -> set[str]:
+def cancel_requested(tx: Transaction, leases: Iterable[Lease]) -> set[str]:
     """The ids of the given leased jobs whose cancel was requested."""
     arrays = _lease_arrays(leases)
     if not arrays["ids"]:
@@ -305,17 +289,7 @@ _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 _HOUSEHOLDS_RANKED_PER_PLACE = 4
 
 
-def _claim_one_priority(
-    tx: PostgresTransaction,
-    *,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    kinds: Collection[str],
-    now: datetime | None = None,
-    kind_limits: Mapping[str, int] | None = None,
-    kind_caps: Mapping[str, int] | None = None,
-) -> list[Job]:
+def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
     one priority: the best among the due jobs this claim may take (found
     first, through the claim index). Households with due jobs of that
@@ -348,7 +322,8 @@ def _claim_one_priority(
     them count the running jobs one after another (a counted claim made
     exact by a lock), and the claim statement counts after the lock.
     """
-    kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
+    limit, kind_limits = request.limit, request.kind_limits
+    kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
     # The statement is planned once per connection, not at every claim: the
@@ -358,12 +333,12 @@ def _claim_one_priority(
     # values: each step is an index probe fenced by `OFFSET 0` or `LATERAL`.
     # For the rest of this transaction only.
     tx.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-    caps = {kind: cap for kind, cap in (kind_caps or {}).items() if kind in kinds}
+    caps = {kind: cap for kind, cap in request.kind_caps.items() if kind in kinds}
     for kind in sorted(caps):
         tx.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
         ).fetchall()
-    most, most_params = _most_of_kind(kinds, kind_limits or {}, caps)
+    most, most_params = _most_of_kind(kinds, kind_limits, caps)
     ranked = "SELECT seq, turn, place FROM picks"
     if most:
         ranked = (
@@ -458,12 +433,12 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner
 WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
 RETURNING {_qualified("jobs")}""",
         {
-            "now": now,
+            "now": request.now,
             "kinds": list(kinds),
             "limit": limit,
             "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
-            "owner": owner,
-            "lease_seconds": float(lease_seconds),
+            "owner": request.owner,
+            "lease_seconds": float(request.lease_seconds),
             **most_params,
         },
     ).fetchall()
@@ -471,18 +446,17 @@ RETURNING {_qualified("jobs")}""",
     return sorted((_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq))
 
 
-# Up to `limit` due jobs of `kinds`: by priority (lower first), each
-# priority's households in turn (`mealquest.db.claiming`).
-claim = functools.partial(
-    claiming.by_priority, _claim_one_priority, lambda tx, kinds: has_due_job(tx, kinds)
-)
+def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
+    """Up to `request.limit` due jobs: by priority (lower first), each
+    priority's households in turn (`mealquest.db.claiming`)."""
+    return claiming.by_priority(_claim_one_priority, has_due_job, tx, request)
 
 
 def _qualified(table: str) -> str:
     return ", ".join(f"{table}.{column.strip()}" for column in _COLUMNS.split(","))
 
 
-def publish(tx: PostgresTransaction, lease: Lease, *, result: str) -> bool:
+def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
         f"UPDATE jobs SET result = %(result)s, updated_at = now() WHERE {_FENCE}",
         {"result": result, **_fence(lease)},
@@ -490,7 +464,7 @@ def publish(tx: PostgresTransaction, lease: Lease, *, result: str) -> bool:
     return cursor.rowcount == 1
 
 
-def owns(tx: PostgresTransaction, lease: Lease) -> bool:
+def owns(tx: Transaction, lease: Lease) -> bool:
     """Whether the lease still holds, keeping it held until `tx` ends: the row
     lock makes a rescuer's update wait for the handler's fenced write, as
     SQLite's one writer does, instead of slipping in between."""
@@ -524,17 +498,8 @@ _ATTEMPT: dict[Attempt, str] = {
 }
 
 
-def transition(
-    tx: PostgresTransaction,
-    lease: Lease,
-    *,
-    to: Status,
-    attempt: Attempt = Attempt.SPEND,
-    result: str | None = None,
-    error: str | None = None,
-    delay_seconds: float | None = None,
-) -> bool:
-    """Move the leased running job to `to`; False if the lease is no longer held.
+def transition(tx: Transaction, change: Transition) -> bool:
+    """Move the leased running job to `change.to`; False if the lease is no longer held.
 
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
@@ -542,15 +507,17 @@ def transition(
     queue. Either ends the job cancelled instead if a cancel was requested
     meanwhile.
     """
-    check_transition(to, attempt)
+    check_transition(change.to, change.attempt)
+    delay = change.delay_seconds
     cursor = tx.execute(
-        f"UPDATE jobs SET {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} WHERE {_FENCE}",
+        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {_CLEAR_LEASE} "
+        f"WHERE {_FENCE}",
         {
-            "to": str(to),
-            "result": result,
-            "error": error,
-            "delay": None if delay_seconds is None else float(delay_seconds),
-            **_fence(lease),
+            "to": str(change.to),
+            "result": change.result,
+            "error": change.error,
+            "delay": None if delay is None else float(delay),
+            **_fence(change.lease),
         },
     )
     return cursor.rowcount == 1
@@ -584,7 +551,7 @@ _TRANSITION_MANY = (
 )
 
 
-def _transition_together(tx: PostgresTransaction, transitions: list[Transition]) -> set[str]:
+def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[str]:
     """The ids of the jobs the transitions (each naming another job) moved."""
     rows = tx.execute(
         _TRANSITION_MANY,
@@ -603,7 +570,7 @@ def _transition_together(tx: PostgresTransaction, transitions: list[Transition])
     return {row["id"] for row in rows}
 
 
-def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) -> list[bool]:
+def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[bool]:
     """`transition` for each; whether each lease was still held.
 
     The completer writes a batch of outcomes at once: the jobs named once
@@ -614,7 +581,7 @@ def transition_many(tx: PostgresTransaction, transitions: Sequence[Transition]) 
 
 
 def renew_leases(
-    tx: PostgresTransaction, leases: Iterable[Lease], *, lease_seconds: float
+    tx: Transaction, leases: Iterable[Lease], *, lease_seconds: float
 ) -> set[tuple[str, int]]:
     """Extend the given leases where still held; returns the (id, attempt) renewed.
 
@@ -632,7 +599,16 @@ def renew_leases(
     return {(row["id"], row["attempt"]) for row in rows}
 
 
-def has_due_job(conn: Executes, kinds: Collection[str]) -> bool:
+def leases_of(tx: Transaction, owner: str) -> list[Lease]:
+    """The leases of the running jobs one claim (by its fencing `owner`) holds."""
+    rows = tx.execute(
+        "SELECT id, lease_owner, attempt FROM jobs WHERE status = 'running' AND lease_owner = %s",
+        (owner,),
+    ).fetchall()
+    return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
+
+
+def has_due_job(conn: Reads, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
     row = conn.execute(
@@ -643,7 +619,7 @@ def has_due_job(conn: Executes, kinds: Collection[str]) -> bool:
     return bool(row["due"])
 
 
-def queued_of_other_kinds(conn: Executes, kinds: Collection[str]) -> dict[str, int]:
+def queued_of_other_kinds(conn: Reads, kinds: Collection[str]) -> dict[str, int]:
     """Queued jobs by kind, for the kinds not in `kinds` (no handler here)."""
     rows = conn.execute(
         "SELECT kind, count(*) AS waiting FROM jobs WHERE status = 'queued' "
@@ -680,7 +656,7 @@ def _recovered(rows: list[dict[str, Any]]) -> Recovered:
     )
 
 
-def interrupt(tx: PostgresTransaction, leases: Iterable[Lease]) -> Recovered:
+def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
     """Record jobs a stopping worker cut short (fenced on their leases).
 
     A re-queued job keeps its run_at, and so its place among the oldest: its
@@ -698,7 +674,7 @@ def interrupt(tx: PostgresTransaction, leases: Iterable[Lease]) -> Recovered:
 
 
 def rescue_expired(
-    tx: PostgresTransaction, *, keep: Collection[Lease] = (), now: datetime | None = None
+    tx: Transaction, *, keep: Collection[Lease] = (), now: datetime | None = None
 ) -> Recovered:
     """Interrupt every running job whose lease expired, whoever held it, except
     `keep`: the caller's own jobs whose handlers are still alive (their process
@@ -714,7 +690,7 @@ def rescue_expired(
     return _recovered(rows)
 
 
-def get_job(conn: Executes, job_id: str, household_id: int | None = None) -> Job | None:
+def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
     row = conn.execute(
         f"SELECT {_COLUMNS} FROM jobs WHERE id = %(id)s "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
@@ -724,7 +700,7 @@ def get_job(conn: Executes, job_id: str, household_id: int | None = None) -> Job
 
 
 def get_job_with_token(
-    conn: Executes, job_id: str, token_sha256: str
+    conn: Reads, job_id: str, token_sha256: str
 ) -> tuple[Household, Job | None] | None:
     """The household of a live token (by digest) and its job `job_id` (None if
     it has none of that id), in one statement; None if the token is not live."""
@@ -743,7 +719,7 @@ def get_job_with_token(
 
 
 def list_jobs(
-    conn: Executes,
+    conn: Reads,
     *,
     household_id: int | None = None,
     status: Status | None = None,
@@ -772,7 +748,7 @@ def list_jobs(
 _QUOTA_LOCK_CLASS = int.from_bytes(b"mqqt", "big") - (1 << 31)
 
 
-def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> int:
+def count_pending(tx: Transaction, household_id: int, at_most: int) -> int:
     """The household's queued and running jobs (its quota's use), under a
     transaction advisory lock on the household: concurrent enqueues of one
     household wait for each other's commit, so the count stays true until
@@ -798,7 +774,7 @@ def count_pending(tx: PostgresTransaction, household_id: int, at_most: int) -> i
 _RECENT_RUNS = 20
 
 
-def household_load(conn: Executes, household_id: int) -> tuple[int, float | None]:
+def household_load(conn: Reads, household_id: int) -> tuple[int, float | None]:
     """The household's running jobs, and the mean run time in seconds of its
     latest finished ones (None without any): what a quota's wait is judged by."""
     row = conn.execute(

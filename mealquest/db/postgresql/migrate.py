@@ -17,23 +17,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mealquest.clock import to_text
-from mealquest.migrations import (
+from mealquest.db import migrations
+from mealquest.db.driver import Reads
+from mealquest.db.errors import StoreUnavailable
+from mealquest.db.migrations import (
     MIGRATIONS_ROOT,
-    DatabaseNotMigrated,
+    AppliedMigration,
     Ledger,
     Migration,
     MigrationError,
-    MigrationState,
     check_ledger,
     discover,
+    ledger_of,
 )
-from mealquest.store import StoreUnavailable
 
 if TYPE_CHECKING:
     import psycopg
 
 MIGRATIONS_DIR = MIGRATIONS_ROOT / "postgresql"
-POSTGRESQL_MIGRATIONS_DIR = MIGRATIONS_DIR
 # One key for every migration run against a database ("mealques" as a bigint).
 LOCK_KEY = int.from_bytes(b"mealques", "big")
 _CONNECT_TIMEOUT_SECONDS = 10
@@ -68,69 +69,44 @@ def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
         raise StoreUnavailable("the PostgreSQL URL is not valid") from None
 
 
-def _applied(conn: psycopg.Connection[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def applied(conn: Reads) -> dict[int, AppliedMigration]:
+    """The database's ledger rows by version (none before the first upgrade)."""
     exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL AS e").fetchone()
     if not exists or not exists["e"]:
         return {}
     rows = conn.execute("SELECT version, name, checksum, applied_at FROM schema_migrations")
-    return {row["version"]: row for row in rows}
-
-
-def status_of(conn: Any, migrations: list[Migration] | None = None) -> Ledger:
-    """Every known migration with when it was applied, and the newer unknown
-    ones; refuses changed applied files and a history this code does not share
-    (the same rules as on SQLite). Takes a connection so that a serving
-    process can run it as a store read.
-    """
-    migrations = discover(MIGRATIONS_DIR) if migrations is None else migrations
-    applied = _applied(conn)
-    unknown = check_ledger(migrations, applied)
-    states = tuple(
-        MigrationState(
-            m, to_text(applied[m.version]["applied_at"]) if m.version in applied else None
-        )
-        for m in migrations
-    )
-    return Ledger(states, unknown)
+    return {
+        row["version"]: AppliedMigration(row["name"], row["checksum"], to_text(row["applied_at"]))
+        for row in rows.fetchall()
+    }
 
 
 def status(url: str, directory: Path = MIGRATIONS_DIR) -> Ledger:
+    """The ledger of the database at `url` as this code sees it."""
     known = discover(directory)
     with connect(url) as conn:
-        return status_of(conn, known)
-
-
-def require_current_of(conn: Any, migrations: list[Migration] | None = None) -> tuple[str, ...]:
-    """Raise DatabaseNotMigrated unless every known migration is applied; returns
-    the applied migrations this code does not know (a newer release's)."""
-    ledger = status_of(conn, migrations)
-    if ledger.pending:
-        names = [m.path.name for m in ledger.pending]
-        raise DatabaseNotMigrated(
-            f"the database is not migrated ({len(names)} pending: {', '.join(names)}); "
-            "run `flask db upgrade`",
-            names,
-        )
-    return ledger.unknown
+        return ledger_of(known, applied(conn))
 
 
 def require_current(url: str, directory: Path = MIGRATIONS_DIR) -> tuple[str, ...]:
+    """DatabaseNotMigrated unless the database has every migration of
+    `directory`; the applied ones this code does not know (a newer release's)."""
     known = discover(directory)
     with connect(url) as conn:
-        return require_current_of(conn, known)
+        return migrations.require_current(ledger_of(known, applied(conn)))
 
 
 def upgrade(
     url: str, directory: Path = MIGRATIONS_DIR, *, target: int | None = None
 ) -> list[Migration]:
     """Apply pending migrations (up to `target`), each in its own transaction."""
-    migrations = discover(directory)
+    known = discover(directory)
     with connect(url) as conn:
         _locked(conn, lambda: conn.execute(_LEDGER))
         # A database ahead of this code has nothing pending for it.
-        check_ledger(migrations, _applied(conn))
+        check_ledger(known, applied(conn))
         done = []
-        for migration in migrations:
+        for migration in known:
             if target is not None and migration.version > target:
                 break
             if _apply(conn, migration):
@@ -171,7 +147,9 @@ def _apply(conn: psycopg.Connection[dict[str, Any]], migration: Migration) -> bo
             (migration.version,),
         ).fetchone()
         if row is not None:
-            check_ledger([migration], {migration.version: row})
+            check_ledger(
+                [migration], {migration.version: AppliedMigration(row["name"], row["checksum"], "")}
+            )
             return
         # The whole file at once (no parameters: several statements are allowed).
         conn.execute(sql.encode("utf-8"))

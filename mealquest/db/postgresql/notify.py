@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 import gevent
 
-from mealquest.store import StoreError
+from mealquest.db.errors import StoreError
 
 if TYPE_CHECKING:
-    from mealquest.db.postgresql.store import PostgresStore, PostgresTransaction
+    from mealquest.db.driver import Transaction
+    from mealquest.db.postgresql.store import PostgresStore
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +42,6 @@ NOTIFY_INTERVAL_SECONDS = 0.1
 _LISTEN_WAKE_SECONDS = 0.25
 _RECONNECT_FIRST_SECONDS = 0.1
 _RECONNECT_MAX_SECONDS = 5.0
-
-
-def notify_enqueued(tx: PostgresTransaction) -> bool:
-    """Tell listening processes, when this transaction commits, that a job was
-    enqueued; True if this transaction carries the NOTIFY."""
-    return tx.store.notifier.enqueued(tx)
 
 
 class Notifier:
@@ -60,7 +55,9 @@ class Notifier:
         self._trailing: gevent.Greenlet | None = None  # the pending trailing NOTIFY
         self._lock = threading.Lock()
 
-    def enqueued(self, tx: PostgresTransaction) -> bool:
+    def enqueued(self, tx: Transaction) -> bool:
+        """Tell listening processes, when `tx` commits, that a job was enqueued;
+        True if `tx` carries the NOTIFY."""
         with self._lock:
             now = time.monotonic()
             send = now - self._last >= self.interval

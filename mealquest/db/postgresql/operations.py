@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
-from mealquest.jobs.model import Status
-from mealquest.queue_stats import DueJob, QueueFigures
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.jobs import Status
+from mealquest.model.queue import DueJob, QueueFigures
 
 _NOW = "coalesce(%(now)s::timestamptz, now())"
 # A job the operator may queue again: its attempts ended, or it was cancelled.
 
 
-def queue_figures(conn: Executes, now: datetime | None = None) -> QueueFigures:
+def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
     """Rows by (kind, status), the oldest due queued job of each kind, and how
     many jobs finished in the hour before `now` (None: the database's clock)."""
     counts = {
@@ -49,13 +49,13 @@ def queue_figures(conn: Executes, now: datetime | None = None) -> QueueFigures:
     return QueueFigures(counts=counts, oldest_due=oldest, finished_last_hour=finished)
 
 
-def fold_counts(tx: PostgresTransaction) -> None:
+def fold_counts(tx: Transaction) -> None:
     """Fold the noted changes of jobs' kinds and statuses into `job_counts`
     (skipped if another transaction is folding), so reading them stays cheap."""
     tx.execute("SELECT job_counts_fold()")
 
 
-def kinds_of(conn: Executes, job_ids: Collection[str]) -> dict[str, str]:
+def kinds_of(conn: Reads, job_ids: Collection[str]) -> dict[str, str]:
     """The kind of each job that still exists, by id."""
     if not job_ids:
         return {}
@@ -65,7 +65,7 @@ def kinds_of(conn: Executes, job_ids: Collection[str]) -> dict[str, str]:
     return {row["id"]: row["kind"] for row in rows}
 
 
-def delete_job(tx: PostgresTransaction, job_id: str) -> bool:
+def delete_job(tx: Transaction, job_id: str) -> bool:
     """Delete a job that is not running (a running one is cancelled first);
     whether it was deleted."""
     cursor = tx.execute(

@@ -8,11 +8,11 @@ only store and read. Times come from the database's clock.
 from __future__ import annotations
 
 from mealquest.clock import to_text
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
-from mealquest.operators import Operator, OperatorListing, UnknownOperator
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.operators import Operator, OperatorListing, UnknownOperator
 
 
-def insert_operator(tx: PostgresTransaction, *, name: str, token_sha256: str) -> int:
+def insert_operator(tx: Transaction, *, name: str, token_sha256: str) -> int:
     """A new operator; its id."""
     row = tx.execute(
         "INSERT INTO operators (name, token_sha256, created_at) VALUES (%s, %s, now()) "
@@ -22,17 +22,17 @@ def insert_operator(tx: PostgresTransaction, *, name: str, token_sha256: str) ->
     return int(row["id"])
 
 
-def revoke_operator(tx: PostgresTransaction, operator_id: int) -> None:
+def revoke_operator(tx: Transaction, operator_id: int) -> None:
     """Revoke a live operator; `UnknownOperator` if none has that id or it is revoked."""
     cursor = tx.execute(
         "UPDATE operators SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL",
         (operator_id,),
     )
     if cursor.rowcount != 1:
-        raise UnknownOperator(UnknownOperator.__doc__)
+        raise UnknownOperator()
 
 
-def list_operators(conn: Executes) -> list[OperatorListing]:
+def list_operators(conn: Reads) -> list[OperatorListing]:
     rows = conn.execute(
         "SELECT id, name, created_at, revoked_at FROM operators ORDER BY id"
     ).fetchall()
@@ -47,7 +47,7 @@ def list_operators(conn: Executes) -> list[OperatorListing]:
     ]
 
 
-def operator_for_token_digest(conn: Executes, token_sha256: str) -> Operator | None:
+def operator_for_token_digest(conn: Reads, token_sha256: str) -> Operator | None:
     """The live operator whose token has this digest, or None."""
     row = conn.execute(
         "SELECT id, name FROM operators WHERE token_sha256 = %s AND revoked_at IS NULL",
@@ -56,7 +56,7 @@ def operator_for_token_digest(conn: Executes, token_sha256: str) -> Operator | N
     return Operator(row["id"], row["name"]) if row else None
 
 
-def live_operator(conn: Executes, operator_id: int) -> Operator | None:
+def live_operator(conn: Reads, operator_id: int) -> Operator | None:
     row = conn.execute(
         "SELECT id, name FROM operators WHERE id = %s AND revoked_at IS NULL", (operator_id,)
     ).fetchone()

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
+from mealquest.db.driver import Reads, Transaction
 
 
-def current_time(tx: Executes, now: datetime | None = None) -> datetime:
+def current_time(tx: Reads, now: datetime | None = None) -> datetime:
     """The database's "now" (`now` overrides it, for tests that stand at a given moment)."""
     if now is not None:
         return now
     return tx.execute("SELECT now() AS now").fetchone()["now"]
 
 
-def first_seen(tx: PostgresTransaction, *, kind: str, moment: datetime) -> datetime:
+def first_seen(tx: Transaction, *, kind: str, moment: datetime) -> datetime:
     """When a scheduler first saw `kind`: `moment`, if this is the first time."""
     tx.execute(
         "INSERT INTO periodic_kinds (kind, first_seen_at) VALUES (%s, %s) "
@@ -33,7 +33,7 @@ def first_seen(tx: PostgresTransaction, *, kind: str, moment: datetime) -> datet
     return row["first_seen_at"]
 
 
-def claim_slot(tx: PostgresTransaction, *, kind: str, slot_at: datetime) -> bool:
+def claim_slot(tx: Transaction, *, kind: str, slot_at: datetime) -> bool:
     """Insert the slot's row; False if another scheduler already has it."""
     cursor = tx.execute(
         "INSERT INTO periodic_slots (kind, slot_at) VALUES (%s, %s) "
@@ -43,7 +43,7 @@ def claim_slot(tx: PostgresTransaction, *, kind: str, slot_at: datetime) -> bool
     return cursor.rowcount == 1
 
 
-def record_job(tx: PostgresTransaction, *, kind: str, slot_at: datetime, job_id: str) -> None:
+def record_job(tx: Transaction, *, kind: str, slot_at: datetime, job_id: str) -> None:
     """Name the job the slot made (after it is inserted in the same transaction)."""
     tx.execute(
         "UPDATE periodic_slots SET job_id = %s WHERE kind = %s AND slot_at = %s",
@@ -52,7 +52,7 @@ def record_job(tx: PostgresTransaction, *, kind: str, slot_at: datetime, job_id:
 
 
 def delete_slots(
-    tx: PostgresTransaction,
+    tx: Transaction,
     *,
     older_than_seconds: float,
     limit: int,

@@ -7,9 +7,8 @@ import uuid
 from typing import Any
 
 from mealquest.clock import to_text
-from mealquest.db.postgresql.store import Executes, PostgresTransaction
-from mealquest.recipes.model import Recipe
-from mealquest.recipes.parse import ParsedRecipe
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.recipes import ParsedRecipe, Recipe
 
 _COLUMNS = (
     "id, seq, household_id, job_id, title, ingredients, instructions, yields, "
@@ -26,7 +25,7 @@ def _recipe(row: dict[str, Any]) -> Recipe:
 
 
 def upsert_for_job(
-    tx: PostgresTransaction,
+    tx: Transaction,
     *,
     household_id: int,
     job_id: str,
@@ -62,7 +61,7 @@ def upsert_for_job(
     return _recipe(row)
 
 
-def get_recipe(conn: Executes, recipe_id: str, household_id: int) -> Recipe | None:
+def get_recipe(conn: Reads, recipe_id: str, household_id: int) -> Recipe | None:
     row = conn.execute(
         f"SELECT {_COLUMNS} FROM recipes WHERE id = %s AND household_id = %s",
         (recipe_id, household_id),
@@ -71,7 +70,7 @@ def get_recipe(conn: Executes, recipe_id: str, household_id: int) -> Recipe | No
 
 
 def list_recipes(
-    conn: Executes, *, household_id: int, before_seq: int | None, limit: int
+    conn: Reads, *, household_id: int, before_seq: int | None, limit: int
 ) -> list[Recipe]:
     """A household's recipes, newest first (index `recipes_household`)."""
     rows = conn.execute(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from mealquest.db.postgresql.store import PostgresTransaction
-from mealquest.jobs.model import FINAL_STATUSES
+from mealquest.db.driver import Transaction
+from mealquest.model.jobs import FINAL_STATUSES
 
 
 def delete_finished(
-    tx: PostgresTransaction,
+    tx: Transaction,
     *,
     older_than_seconds: float,
     limit: int,

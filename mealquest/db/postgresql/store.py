@@ -27,18 +27,39 @@ import math
 import os
 import time
 from collections.abc import Callable
-from functools import cached_property
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import gevent
 from gevent import monkey
 
+from mealquest.db.driver import (
+    HouseholdStatements,
+    JobStatements,
+    OperationStatements,
+    OperatorStatements,
+    PeriodicStatements,
+    Reads,
+    RecipeStatements,
+    RetentionStatements,
+    Transaction,
+)
+from mealquest.db.errors import StoreError, StoreUnavailable, StoreUsedAcrossFork
+from mealquest.db.migrations import AppliedMigration, Ledger, Migration
+from mealquest.db.postgresql import (
+    households,
+    jobs,
+    migrate,
+    operations,
+    operators,
+    periodic,
+    recipes,
+    retention,
+)
 from mealquest.db.postgresql.driver_logs import quiet_driver_logs
 from mealquest.db.postgresql.notify import Listener, Notifier
+from mealquest.db.postgresql.transaction import PostgresTransaction
 from mealquest.db.postgresql.waiting import require_cooperative_psycopg
-from mealquest.store import StoreError, StoreUnavailable, StoreUsedAcrossFork
 
 if TYPE_CHECKING:
     import psycopg
@@ -68,31 +89,6 @@ _READ_ONLY_TRANSACTION = "25006"
 
 def is_postgres_url(url: str) -> bool:
     return urlsplit(url).scheme in SCHEMES
-
-
-class Executes(Protocol):
-    """A connection or a transaction: anything a read runs on."""
-
-    def execute(self, sql: Any, params: Any = ...) -> Any: ...
-
-
-class PostgresTransaction:
-    """An open write transaction on one pooled connection.
-
-    Callbacks given to `after_commit` run in the calling greenlet once the
-    transaction has committed (the pool's wake event is signalled there).
-    """
-
-    def __init__(self, conn: psycopg.Connection[dict[str, Any]], store: PostgresStore) -> None:
-        self.conn = conn
-        self.store = store
-        self.after_commit_callbacks: list[Callable[[], None]] = []
-
-    def execute(self, sql: str, params: Any = None) -> psycopg.Cursor[dict[str, Any]]:
-        return self.conn.execute(sql, params)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self.after_commit_callbacks.append(callback)
 
 
 class PostgresStore:
@@ -131,55 +127,14 @@ class PostgresStore:
     # -- the driver's SQL, migrations and description -----------------------------
 
     name = "postgresql"
-    writes_one_at_a_time = False
-
-    @cached_property
-    def jobs(self) -> ModuleType:
-        from mealquest.db.postgresql import jobs
-
-        return jobs
-
-    @cached_property
-    def households(self) -> ModuleType:
-        from mealquest.db.postgresql import households
-
-        return households
-
-    @cached_property
-    def recipes(self) -> ModuleType:
-        from mealquest.db.postgresql import recipes
-
-        return recipes
-
-    @cached_property
-    def periodic(self) -> ModuleType:
-        from mealquest.db.postgresql import periodic
-
-        return periodic
-
-    @cached_property
-    def retention(self) -> ModuleType:
-        from mealquest.db.postgresql import retention
-
-        return retention
-
-    @cached_property
-    def operators(self) -> ModuleType:
-        from mealquest.db.postgresql import operators
-
-        return operators
-
-    @cached_property
-    def operations(self) -> ModuleType:
-        from mealquest.db.postgresql import operations
-
-        return operations
-
-    @cached_property
-    def migrations(self) -> ModuleType:
-        from mealquest.db.postgresql import migrate
-
-        return migrate
+    migrations_dir = migrate.MIGRATIONS_DIR
+    jobs: JobStatements = jobs
+    households: HouseholdStatements = households
+    recipes: RecipeStatements = recipes
+    periodic: PeriodicStatements = periodic
+    retention: RetentionStatements = retention
+    operators: OperatorStatements = operators
+    operations: OperationStatements = operations
 
     def describe(self) -> str:
         """The database as messages name it: host, port and name, never the password."""
@@ -190,13 +145,16 @@ class PostgresStore:
         """A server's database is there to ask; whether it answers is another matter."""
         return True
 
-    def upgrade(self, target: int | None = None) -> list[Any]:
-        """Apply pending migrations (the foreground's job: it may wait on the lock)."""
-        return self.migrations.upgrade(self.url, self.migrations.MIGRATIONS_DIR, target=target)
+    def applied_migrations(self) -> dict[int, AppliedMigration]:
+        return self.read(migrate.applied)
 
-    def migration_status(self) -> Any:
-        """The ledger as this code sees it (`migrations.Ledger`)."""
-        return self.migrations.status(self.url, self.migrations.MIGRATIONS_DIR)
+    def upgrade(self, target: int | None = None) -> list[Migration]:
+        """Apply pending migrations (the foreground's job: it may wait on the lock)."""
+        return migrate.upgrade(self.url, self.migrations_dir, target=target)
+
+    def migration_status(self) -> Ledger:
+        """The ledger as this code sees it."""
+        return migrate.status(self.url, self.migrations_dir)
 
     @property
     def broken(self) -> bool:
@@ -280,7 +238,8 @@ class PostgresStore:
 
     def write(
         self,
-        fn: Callable[Concatenate[PostgresTransaction, P], T],
+        fn: Callable[Concatenate[Transaction, P], T],
+        /,
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> T:
@@ -290,7 +249,7 @@ class PostgresStore:
         def transaction(conn: psycopg.Connection[dict[str, Any]]) -> tuple[T, list]:
             from psycopg.pq import TransactionStatus
 
-            tx = PostgresTransaction(conn, self)
+            tx = PostgresTransaction(conn, self.notifier)
             conn.execute("BEGIN")
             result = fn(tx, *args, **kwargs)
             if conn.info.transaction_status == TransactionStatus.INERROR:
@@ -306,7 +265,8 @@ class PostgresStore:
 
     def read(
         self,
-        fn: Callable[Concatenate[psycopg.Connection[dict[str, Any]], P], T],
+        fn: Callable[Concatenate[Reads, P], T],
+        /,
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> T:
@@ -327,7 +287,7 @@ class PostgresStore:
                 pool.putconn(conn)
         except psycopg.Error as error:
             if is_unavailable(error):
-                raise StoreUnavailable(StoreUnavailable.__doc__) from None
+                raise StoreUnavailable() from None
             raise
 
     def _work_on(
@@ -352,7 +312,7 @@ class PostgresStore:
                 raise
             # The connection's state is unknown: the pool replaces it.
             conn.close()
-            raise StoreUnavailable(StoreUnavailable.__doc__) from None
+            raise StoreUnavailable() from None
         except BaseException:
             _settle(conn)
             raise
@@ -389,7 +349,7 @@ class PostgresStore:
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
-            raise StoreUsedAcrossFork(StoreUsedAcrossFork.__doc__)
+            raise StoreUsedAcrossFork()
 
     def close(self) -> None:
         """Stop the listener and close the pool's connections (same process only)."""

@@ -19,7 +19,7 @@ import time
 
 from gevent import monkey
 
-from mealquest.store import StoreError
+from mealquest.db.errors import StoreError
 
 
 class BlockingPsycopg(StoreError):
@@ -55,4 +55,4 @@ def psycopg_waits_cooperatively() -> bool:
 def require_cooperative_psycopg() -> None:
     """Raise `BlockingPsycopg` (one line) unless psycopg waits cooperatively."""
     if not psycopg_waits_cooperatively():
-        raise BlockingPsycopg(" ".join((BlockingPsycopg.__doc__ or "").split()))
+        raise BlockingPsycopg()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 
 from mealquest.clock import to_text, utc_now
-from mealquest.households import Household, UnknownHousehold, UnknownToken
-from mealquest.store import Transaction
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.households import Household, UnknownHousehold, UnknownToken
 
 
 def insert_household(tx: Transaction, *, name: str) -> int:
@@ -29,7 +29,7 @@ def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> in
             (household_id, token_sha256, to_text(utc_now())),
         )
     except sqlite3.IntegrityError:
-        raise UnknownHousehold(UnknownHousehold.__doc__) from None
+        raise UnknownHousehold() from None
     return int(cursor.lastrowid or 0)
 
 
@@ -46,10 +46,10 @@ def revoke_token(tx: Transaction, token_id: int) -> None:
         (to_text(utc_now()), token_id),
     )
     if cursor.rowcount != 1:
-        raise UnknownToken(UnknownToken.__doc__)
+        raise UnknownToken()
 
 
-def list_households(conn: sqlite3.Connection) -> list[tuple[Household, int]]:
+def list_households(conn: Reads) -> list[tuple[Household, int]]:
     """Every household with its number of live tokens."""
     rows = conn.execute(
         "SELECT h.id, h.name, count(t.id) AS tokens FROM households h "
@@ -59,7 +59,7 @@ def list_households(conn: sqlite3.Connection) -> list[tuple[Household, int]]:
     return [(Household(row["id"], row["name"]), row["tokens"]) for row in rows]
 
 
-def household_for_token_digest(conn: sqlite3.Connection, token_sha256: str) -> Household | None:
+def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | None:
     """The household a live token (by digest) belongs to, or None."""
     row = conn.execute(
         "SELECT h.id, h.name FROM api_tokens t JOIN households h ON h.id = t.household_id "

@@ -15,27 +15,26 @@ from __future__ import annotations
 
 import functools
 import json
-import sqlite3
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db import claiming, outcomes
-from mealquest.households import Household
-from mealquest.jobs.model import (
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.households import Household
+from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
     Attempt,
+    ClaimRequest,
     Job,
     Lease,
-    OnInterrupt,
+    NewJob,
     Recovered,
     Status,
     Transition,
     check_transition,
 )
-from mealquest.store import Transaction
 
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
@@ -73,69 +72,52 @@ _INSERT_FROM_JSON = (
 )
 
 
-def _insert_row(
-    moment: datetime,
-    now: str,
-    *,
-    job_id: str,
-    household_id: int,
-    kind: str,
-    payload: str,
-    max_attempts: int,
-    on_interrupt: OnInterrupt,
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay_seconds: float | None = None,
-    unique_key: str | None = None,
-    unique_digest: str | None = None,
-) -> tuple:
+def _insert_row(moment: datetime, now: str, job: NewJob) -> tuple[object, ...]:
     """The INSERT's parameters; `now` is `moment` as stored (made once per statement)."""
-    if run_at is None and not delay_seconds:
+    if job.due_now:
         due = now
     else:
-        due = to_text(run_at or moment + timedelta(seconds=delay_seconds or 0.0))
+        due = to_text(job.run_at or moment + timedelta(seconds=job.delay_seconds or 0.0))
     return (
-        job_id,
-        household_id,
-        kind,
-        payload,
-        max_attempts,
-        str(on_interrupt),
-        priority,
-        unique_key,
-        unique_digest,
+        job.job_id,
+        job.household_id,
+        job.kind,
+        job.payload,
+        job.max_attempts,
+        str(job.on_interrupt),
+        job.priority,
+        job.unique_key,
+        job.unique_digest,
         due,
         now,
         now,
     )
 
 
-def insert_job(tx: Transaction, **arguments: Any) -> bool:
-    """Queue a job, due at `run_at`, `delay_seconds` from now, or now (the
-    arguments are `_insert_row`'s, by name).
+def insert_job(tx: Transaction, job: NewJob) -> bool:
+    """Queue a job, due at its `run_at`, `delay_seconds` from now, or now.
 
-    With `unique_key`, nothing is inserted (False) when the household already
+    With a `unique_key`, nothing is inserted (False) when the household already
     has a job holding that key: the unique index decides, so two concurrent
     enqueues cannot both insert. True when the job was inserted.
     """
     moment = _moment(None)
-    return tx.execute(_INSERT, _insert_row(moment, to_text(moment), **arguments)).rowcount == 1
+    return tx.execute(_INSERT, _insert_row(moment, to_text(moment), job)).rowcount == 1
 
 
-def insert_jobs(tx: Transaction, jobs: Sequence[Mapping[str, Any]]) -> None:
-    """Queue jobs that hold no idempotency key, each as `insert_job` would
-    (each mapping holds its arguments), in their order, by one statement
-    that reads the rows from a JSON array. One statement a row paid a
-    statement call and a clock read a job; one `executemany` still paid a
-    run of the statement a row: 1,000 rows took about 50 ms, against 30
-    for one statement over them all."""
-    if any(values.get("unique_key") is not None for values in jobs):
+def insert_jobs(tx: Transaction, jobs: Sequence[NewJob]) -> None:
+    """Queue jobs that hold no idempotency key, each as `insert_job` would, in
+    their order, by one statement that reads the rows from a JSON array. One
+    statement a row paid a statement call and a clock read a job; one
+    `executemany` still paid a run of the statement a row: 1,000 rows took
+    about 50 ms, against 30 for one statement over them all."""
+    if any(job.unique_key is not None for job in jobs):
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     if not jobs:
         return
     moment = _moment(None)
     now = to_text(moment)
-    rows = [_insert_row(moment, now, **values) for values in jobs]
+    rows = [_insert_row(moment, now, job) for job in jobs]
     tx.execute(_INSERT_FROM_JSON, (json.dumps(rows),))
 
 
@@ -179,7 +161,7 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
         f"WHERE id = :job_id AND status IN ('queued', 'running'){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
     )
-    return get_job(tx.conn, job_id, household_id)
+    return get_job(tx, job_id, household_id)
 
 
 def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
@@ -194,7 +176,7 @@ def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> 
         f"WHERE id = :job_id AND status IN ('failed', 'cancelled'){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
     )
-    return get_job(tx.conn, job_id, household_id)
+    return get_job(tx, job_id, household_id)
 
 
 def cancel_requested(tx: Transaction, leases: Iterable[Lease]) -> set[str]:
@@ -253,17 +235,7 @@ def _most_of_kind(
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 
 
-def _claim_one_priority(
-    tx: Transaction,
-    *,
-    owner: str,
-    lease_seconds: float,
-    limit: int,
-    kinds: Collection[str],
-    now: datetime | None = None,
-    kind_limits: Mapping[str, int] | None = None,
-    kind_caps: Mapping[str, int] | None = None,
-) -> list[Job]:
+def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
     one priority: the best among the due jobs this claim may take (found
     first, through the claim index). Households with due jobs of that
@@ -282,21 +254,22 @@ def _claim_one_priority(
     room for it); `kind_caps` how many of a kind may run in the whole
     deployment.
     """
-    kinds = [kind for kind in kinds if (kind_limits or {}).get(kind, limit) > 0]
+    limit, kind_limits, kind_caps = request.limit, request.kind_limits, request.kind_caps
+    kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
-    moment = _moment(now)
+    moment = _moment(request.now)
     names = {f"k{index}": kind for index, kind in enumerate(kinds)}
     due = (
         "status = 'queued' AND run_at <= :now "
         f"AND kind IN ({', '.join(f':{name}' for name in names)})"
     )
-    most, most_params = _most_of_kind(kinds, kind_limits or {}, kind_caps or {})
+    most, most_params = _most_of_kind(kinds, kind_limits, kind_caps)
     full = [
         f"SELECT :k{index} WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
         f"AND kind = :k{index}) >= :cap{index}"
         for index, kind in enumerate(kinds)
-        if kind in (kind_caps or {})
+        if kind in kind_caps
     ]
     full_kinds = ""
     if full:
@@ -361,8 +334,8 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
 WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
 RETURNING {_COLUMNS}""",
         {
-            "owner": owner,
-            "lease_expires_at": _text(moment + timedelta(seconds=lease_seconds)),
+            "owner": request.owner,
+            "lease_expires_at": _text(moment + timedelta(seconds=request.lease_seconds)),
             "moment": _text(moment),
             "now": _text(moment),
             "limit": limit,
@@ -376,11 +349,10 @@ RETURNING {_COLUMNS}""",
     )
 
 
-# Up to `limit` due jobs of `kinds`: by priority (lower first), each
-# priority's households in turn (`mealquest.db.claiming`).
-claim = functools.partial(
-    claiming.by_priority, _claim_one_priority, lambda tx, kinds: has_due_job(tx, kinds)
-)
+def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
+    """Up to `request.limit` due jobs: by priority (lower first), each
+    priority's households in turn (`mealquest.db.claiming`)."""
+    return claiming.by_priority(_claim_one_priority, has_due_job, tx, request)
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
@@ -427,35 +399,28 @@ _ATTEMPT: dict[Attempt, str] = {
 _CLEAR_LEASE = "lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
 
 
-def transition(
-    tx: Transaction,
-    lease: Lease,
-    *,
-    to: Status,
-    attempt: Attempt = Attempt.SPEND,
-    result: str | None = None,
-    error: str | None = None,
-    delay_seconds: float | None = None,
-) -> bool:
-    """Move the leased running job to `to`; False if the lease is no longer held.
+def transition(tx: Transaction, change: Transition) -> bool:
+    """Move the leased running job to `change.to`; False if the lease is no longer held.
 
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
     started (`delay_seconds` None keeps its place in the queue). Either ends
     the job cancelled instead if a cancel was requested meanwhile.
     """
-    check_transition(to, attempt)
+    check_transition(change.to, change.attempt)
     moment = _moment(None)
-    run_at = None if delay_seconds is None else _text(moment + timedelta(seconds=delay_seconds))
+    delay = change.delay_seconds
+    run_at = None if delay is None else _text(moment + timedelta(seconds=delay))
     cursor = tx.execute(
-        f"UPDATE jobs SET {_TO[to]}, {_ATTEMPT[attempt]}, {_CLEAR_LEASE} WHERE {_FENCE}",
+        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {_CLEAR_LEASE} "
+        f"WHERE {_FENCE}",
         {
-            "to": str(to),
+            "to": str(change.to),
             "now": _text(moment),
-            "result": result,
-            "error": error,
+            "result": change.result,
+            "error": change.error,
             "run_at": run_at,
-            **_fence(lease),
+            **_fence(change.lease),
         },
     )
     return cursor.rowcount == 1
@@ -571,7 +536,7 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
 
 
-def has_due_job(conn: sqlite3.Connection, kinds: Collection[str]) -> bool:
+def has_due_job(conn: Reads, kinds: Collection[str]) -> bool:
     if not kinds:
         return False
     row = conn.execute(
@@ -582,7 +547,7 @@ def has_due_job(conn: sqlite3.Connection, kinds: Collection[str]) -> bool:
     return row is not None
 
 
-def queued_of_other_kinds(conn: sqlite3.Connection, kinds: Collection[str]) -> dict[str, int]:
+def queued_of_other_kinds(conn: Reads, kinds: Collection[str]) -> dict[str, int]:
     """Queued jobs by kind, for the kinds not in `kinds` (no handler here)."""
     rows = conn.execute(
         "SELECT kind, count(*) AS waiting FROM jobs WHERE status = 'queued' "
@@ -658,7 +623,7 @@ def rescue_expired(
     return _interrupt(tx, condition, params)
 
 
-def get_job(conn: sqlite3.Connection, job_id: str, household_id: int | None = None) -> Job | None:
+def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
     sql = f"SELECT {_COLUMNS} FROM jobs WHERE id = ?"
     params: tuple = (job_id,)
     if household_id is not None:
@@ -672,7 +637,7 @@ _JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _COLUMNS.split
 
 
 def get_job_with_token(
-    conn: sqlite3.Connection, job_id: str, token_sha256: str
+    conn: Reads, job_id: str, token_sha256: str
 ) -> tuple[Household, Job | None] | None:
     """The household of a live token (by digest) and its job `job_id` (None if
     it has none of that id), in one statement; None if the token is not live."""
@@ -691,7 +656,7 @@ def get_job_with_token(
 
 
 def list_jobs(
-    conn: sqlite3.Connection,
+    conn: Reads,
     *,
     household_id: int | None = None,
     status: Status | None = None,
@@ -736,7 +701,7 @@ def count_pending(tx: Transaction, household_id: int, at_most: int) -> int:
 _RECENT_RUNS = 20
 
 
-def household_load(conn: sqlite3.Connection, household_id: int) -> tuple[int, float | None]:
+def household_load(conn: Reads, household_id: int) -> tuple[int, float | None]:
     """The household's running jobs, and the mean run time in seconds of its
     latest finished ones (None without any): what a quota's wait is judged by."""
     running = conn.execute(

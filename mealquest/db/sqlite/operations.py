@@ -8,19 +8,18 @@ process's event loop, so none may walk the table's rows.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
-from mealquest.jobs.model import Status
-from mealquest.queue_stats import DueJob, QueueFigures
-from mealquest.store import Transaction
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.jobs import Status
+from mealquest.model.queue import DueJob, QueueFigures
 
 # A job the operator may queue again: its attempts ended, or it was cancelled.
 
 
-def queue_figures(conn: sqlite3.Connection, now: datetime | None = None) -> QueueFigures:
+def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
     """Rows by (kind, status) from `job_counts` (kept by triggers), the oldest
     due queued job of each kind (`jobs_due_by_kind`), and how many jobs
     finished in the hour before `now` (None: the wall clock)."""
@@ -52,7 +51,7 @@ def fold_counts(tx: Transaction) -> None:
     (one writer at a time, so no transaction waits on another for it)."""
 
 
-def kinds_of(conn: sqlite3.Connection, job_ids: Collection[str]) -> dict[str, str]:
+def kinds_of(conn: Reads, job_ids: Collection[str]) -> dict[str, str]:
     """The kind of each job that still exists, by id."""
     ids = list(job_ids)
     if not ids:

@@ -6,11 +6,9 @@ checks the name; these functions only store and read.
 
 from __future__ import annotations
 
-import sqlite3
-
 from mealquest.clock import to_text, utc_now
-from mealquest.operators import Operator, OperatorListing, UnknownOperator
-from mealquest.store import Transaction
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.operators import Operator, OperatorListing, UnknownOperator
 
 
 def insert_operator(tx: Transaction, *, name: str, token_sha256: str) -> int:
@@ -29,17 +27,17 @@ def revoke_operator(tx: Transaction, operator_id: int) -> None:
         (to_text(utc_now()), operator_id),
     )
     if cursor.rowcount != 1:
-        raise UnknownOperator(UnknownOperator.__doc__)
+        raise UnknownOperator()
 
 
-def list_operators(conn: sqlite3.Connection) -> list[OperatorListing]:
+def list_operators(conn: Reads) -> list[OperatorListing]:
     rows = conn.execute(
         "SELECT id, name, created_at, revoked_at FROM operators ORDER BY id"
     ).fetchall()
     return [OperatorListing(**dict(row)) for row in rows]
 
 
-def operator_for_token_digest(conn: sqlite3.Connection, token_sha256: str) -> Operator | None:
+def operator_for_token_digest(conn: Reads, token_sha256: str) -> Operator | None:
     """The live operator whose token has this digest, or None."""
     row = conn.execute(
         "SELECT id, name FROM operators WHERE token_sha256 = ? AND revoked_at IS NULL",
@@ -48,7 +46,7 @@ def operator_for_token_digest(conn: sqlite3.Connection, token_sha256: str) -> Op
     return Operator(row["id"], row["name"]) if row else None
 
 
-def live_operator(conn: sqlite3.Connection, operator_id: int) -> Operator | None:
+def live_operator(conn: Reads, operator_id: int) -> Operator | None:
     row = conn.execute(
         "SELECT id, name FROM operators WHERE id = ? AND revoked_at IS NULL", (operator_id,)
     ).fetchone()

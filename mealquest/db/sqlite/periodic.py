@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from mealquest.clock import from_text, to_text, utc_now
-from mealquest.store import Transaction
+from mealquest.db.driver import Transaction
 
 
 def current_time(tx: Transaction, now: datetime | None = None) -> datetime:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 
 from mealquest.clock import to_text, utc_now
-from mealquest.recipes.model import Recipe
-from mealquest.recipes.parse import ParsedRecipe
-from mealquest.store import Transaction
+from mealquest.db.driver import Reads, Transaction
+from mealquest.model.recipes import ParsedRecipe, Recipe
 
 _COLUMNS = (
     "id, seq, household_id, job_id, title, ingredients, instructions, yields, "
@@ -57,7 +55,7 @@ def upsert_for_job(
     return Recipe.from_row(row)
 
 
-def get_recipe(conn: sqlite3.Connection, recipe_id: str, household_id: int) -> Recipe | None:
+def get_recipe(conn: Reads, recipe_id: str, household_id: int) -> Recipe | None:
     row = conn.execute(
         f"SELECT {_COLUMNS} FROM recipes WHERE id = ? AND household_id = ?",
         (recipe_id, household_id),
@@ -66,7 +64,7 @@ def get_recipe(conn: sqlite3.Connection, recipe_id: str, household_id: int) -> R
 
 
 def list_recipes(
-    conn: sqlite3.Connection, *, household_id: int, before_seq: int | None, limit: int
+    conn: Reads, *, household_id: int, before_seq: int | None, limit: int
 ) -> list[Recipe]:
     """A household's recipes, newest first (index `recipes_household`)."""
     rows = conn.execute(

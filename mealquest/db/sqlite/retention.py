@@ -11,9 +11,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text
+from mealquest.db.driver import Transaction
 from mealquest.db.sqlite.periodic import current_time
-from mealquest.jobs.model import FINAL_STATUSES
-from mealquest.store import Transaction
+from mealquest.model.jobs import FINAL_STATUSES
 
 
 def delete_finished(

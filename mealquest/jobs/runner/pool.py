@@ -1,15 +1,20 @@
 """The pool: one process's job runner, put together from its roles.
 
-* `producer.Producer` claims due jobs of the registered kinds for free slots;
-* `executor.Executor` runs each handler in a slot of its own and decides
-  how the attempt ended;
+* `producer.Producer` claims due jobs of the registered kinds for free slots:
+  the only role that claims;
+* `executor.Executor` runs each handler in a slot of its own (`slots.Slots`)
+  and decides how the attempt ended;
 * `completer.Completer` writes the outcomes of jobs that finish together in
-  one transaction, which also claims the next jobs for the slots they free;
-* `maintenance` services renew leases (`Heartbeat`), act on handlers that
-  will not end (`Watchdog`), take back expired leases anywhere (`Rescuer`)
-  and report queued jobs no handler here runs (`UnhandledKinds`);
-* `periodic.Scheduler` enqueues the job of each periodic kind's scheduled
+  one transaction, which also makes the producer's next claim for the slots
+  they free;
+* `heartbeat.Heartbeat` renews leases, `watchdog.Watchdog` acts on handlers
+  that will not end, `rescuer.Rescuer` takes back expired leases anywhere,
+  `unhandled.UnhandledKinds` reports queued jobs no handler here runs;
+* `scheduler.Scheduler` enqueues the job of each periodic kind's scheduled
   time, one across all processes (when the pool is given `enqueue`).
+
+No role imports another: each is given the others' parts it uses, as
+callbacks, here.
 
 The pool supervises them: a role that dies unexpectedly, or a handler that
 will not die, is logged at ERROR and `on_fatal` asks for the process to be
@@ -23,7 +28,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,22 +35,32 @@ import gevent
 from gevent.event import Event
 from gevent.greenlet import Greenlet
 
-from mealquest.jobs import hub_monitor
-from mealquest.jobs.completer import Completer
+from mealquest.db.driver import Store, Transaction
+from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
-from mealquest.jobs.executor import STOPPING, Executor, JobContext, Running
-from mealquest.jobs.maintenance import Heartbeat, Rescuer, UnhandledKinds, Watchdog, record_hung
-from mealquest.jobs.model import MESSAGE_INTERRUPTED, Recovered, Status
-from mealquest.jobs.periodic import Enqueue, Scheduler, run_forever
-from mealquest.jobs.producer import ClaimAlong, Producer
+from mealquest.jobs.outcome import CANCELLED, failed
 from mealquest.jobs.registry import Registry
-from mealquest.jobs.settings import PoolSettings
-from mealquest.metrics import runs as job_metrics
-from mealquest.store import Store, StoreUnavailable, Transaction
+from mealquest.jobs.runner import hub_monitor, metrics
+from mealquest.jobs.runner.completer import Completer
+from mealquest.jobs.runner.executor import Executor
+from mealquest.jobs.runner.heartbeat import Heartbeat
+from mealquest.jobs.runner.producer import Producer
+from mealquest.jobs.runner.rescuer import Rescuer
+from mealquest.jobs.runner.running import STOPPING, Running
+from mealquest.jobs.runner.scheduler import Enqueue, Scheduler, run_forever
+from mealquest.jobs.runner.settings import PoolSettings
+from mealquest.jobs.runner.slots import Slots
+from mealquest.jobs.runner.unhandled import UnhandledKinds
+from mealquest.jobs.runner.watchdog import Watchdog
+from mealquest.model.jobs import (
+    MESSAGE_INTERRUPTED,
+    MESSAGE_TIMED_OUT,
+    Recovered,
+    Status,
+    Transition,
+)
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["JobContext", "Pool", "PoolSettings", "StopReport"]
 
 OnFatal = Callable[[str], None]
 
@@ -86,15 +100,24 @@ class Pool:
         self.owner = owner or secrets.token_hex(16)
         self.on_fatal = on_fatal
         self.fatal_reason: str | None = None
-        self.executor = Executor(store, registry, self.settings)
-        self.producer = Producer(store, registry, self.settings, self.owner, self.executor)
+        self.slots = Slots(self.settings.workers)
+        # The completer first: the executor hands it each outcome to record.
         self.completer = Completer(
-            store, self.executor, self.producer.next_claim, wake=self.producer.wake
+            store,
+            self.slots,
+            next_claim=lambda limit, finishing: self.producer.next_claim(limit, finishing),
+            hand_out=lambda jobs, claimed_at: self.producer.hand_out(jobs, claimed_at),
+            wake=self.wake,
         )
-        self.executor.completer = self.completer
-        self.rescuer = Rescuer(store, self.executor)
-        self.heartbeat = Heartbeat(store, self.executor, self.settings)
-        self.watchdog = Watchdog(self.executor, self.settings, self._hung)
+        self.executor = Executor(store, registry, self.settings, self.slots, self.completer.record)
+        self.producer = Producer(
+            store, registry, self.settings, self.owner, self.slots, self.executor.start
+        )
+        self.rescuer = Rescuer(store, keep=lambda: [e.lease for e in self.slots.alive()])
+        self.heartbeat = Heartbeat(
+            store, self.settings, self.slots, self.executor.take, self.executor.cancel
+        )
+        self.watchdog = Watchdog(self.settings, self.slots, self.executor.take, self._hung)
         self.unhandled = UnhandledKinds(store, registry)
         # Periodic kinds need `enqueue` (the service's, so their jobs are
         # made as every other job is); a pool built without it schedules nothing.
@@ -116,13 +139,13 @@ class Pool:
         self.roles: dict[str, Greenlet] = {}
 
     def active_jobs(self) -> list[str]:
-        return [lease.job_id for lease in self.executor.running]
+        return [lease.job_id for lease in self.slots.running]
 
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
         if self._started:
-            raise PoolAlreadyStarted(PoolAlreadyStarted.__doc__)
+            raise PoolAlreadyStarted()
         self._started = True
         self.registry.close()
         try:
@@ -130,7 +153,7 @@ class Pool:
         except Exception:
             logger.exception("rescue at pool start failed; the periodic rescue will retry")
         if self.settings.max_blocking_seconds:
-            hub_monitor.watch(self.executor, self.settings.max_blocking_seconds)
+            hub_monitor.watch(self.slots.job_of, self.settings.max_blocking_seconds)
         every, settings = self._every, self.settings
         for name, run, *args in (
             ("producer", self.producer.run),
@@ -158,10 +181,6 @@ class Pool:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
         self.producer.wake()
 
-    def claiming_along(self) -> AbstractContextManager[ClaimAlong | None]:
-        """See `Producer.claiming_along`."""
-        return self.producer.claiming_along()
-
     def cancel(self, job_id: str) -> int:
         """Tell this process's handlers of `job_id` that it was cancelled (the
         cancel is already committed); how many were told. Other processes
@@ -181,12 +200,14 @@ class Pool:
             return StopReport()
         self._stopping = True
         self.producer.stop()
-        # Jobs a claim in flight hands out join `running` (or go back) before
-        # the claim's reservation ends: wait for that, so none starts unseen.
+        # A claim in flight (the producer's, or the one the completer makes for
+        # it) places its jobs (or puts them back, once it sees the stop)
+        # before its reservation ends; a batch may wait there for slots its
+        # finishing jobs free. Wait for that, so that no job starts unseen.
         settled = time.monotonic() + _CLAIMS_SETTLE_SECONDS
-        while self.executor.claims_in_flight() and time.monotonic() < settled:
+        while self.slots.claims_in_flight() and time.monotonic() < settled:
             gevent.sleep(0.01)
-        entries = [e for e in self.executor.running.values() if not e.abandoned]
+        entries = [e for e in self.slots.running.values() if not e.abandoned]
         gevent.joinall([e.greenlet for e in entries if e.greenlet], timeout=timeout)
         left = [e for e in entries if e.alive()]
         # A handler that has returned is only waiting for its outcome's write:
@@ -212,7 +233,7 @@ class Pool:
         if stopped or hung:
             try:
                 recovered = self.store.write(self._record_stopped, stopped, hung)
-                job_metrics.interrupted(stopped + hung, recovered)
+                metrics.interrupted(stopped + hung, recovered)
             except Exception:
                 logger.exception("could not record stopped jobs; their leases will expire")
         self._maintenance_stop.set()
@@ -232,17 +253,18 @@ class Pool:
     def _record_stopped(
         self, tx: Transaction, stopped: list[Running], hung: list[Running]
     ) -> Recovered:
-        recovered = self.store.jobs.interrupt(tx, [e.lease for e in stopped])
-        failed, cancelled = [], []
+        jobs = self.store.jobs
+        recovered = jobs.interrupt(tx, [e.lease for e in stopped])
+        failed_ids, cancelled = [], []
         for entry in hung:
             if entry.cancelled_at is not None:
-                if self.store.jobs.transition(tx, entry.lease, to=Status.CANCELLED):
+                if jobs.transition(tx, Transition(entry.lease, to=Status.CANCELLED)):
                     cancelled.append(entry.job.id)
-            elif self.store.jobs.transition(
-                tx, entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED
+            elif jobs.transition(
+                tx, Transition(entry.lease, to=Status.FAILED, error=MESSAGE_INTERRUPTED)
             ):
-                failed.append(entry.job.id)
-        return recovered + Recovered(failed=tuple(failed), cancelled=tuple(cancelled))
+                failed_ids.append(entry.job.id)
+        return recovered + Recovered(failed=tuple(failed_ids), cancelled=tuple(cancelled))
 
     # -- supervision ------------------------------------------------------------
 
@@ -273,7 +295,19 @@ class Pool:
         # The restart first; the record in a greenlet of its own, since it may
         # wait on the database and the watchdog has other handlers to watch.
         self.fatal(f"a handler will not die (job {entry.job.id}, kind {entry.job.kind})")
-        gevent.spawn(record_hung, self.executor, entry)
+        gevent.spawn(self.record_hung, entry)
+
+    def record_hung(self, entry: Running) -> bool:
+        """Record a job whose handler was given up on while its lease is still ours:
+        cancelled if it was, else failed `timed out` (final: re-queued, it would
+        run beside the live handler)."""
+        if entry.taken is not None:
+            return False  # taken: its lease is lost or its stop records it
+        outcome = CANCELLED if entry.cancelled_at is not None else failed(MESSAGE_TIMED_OUT)
+        recorded = self.completer.record(entry.lease, outcome, entry.extra)
+        if recorded:
+            metrics.given_up(entry.job.kind, outcome)
+        return recorded
 
     # -- maintenance ------------------------------------------------------------
 

@@ -1,11 +1,14 @@
-"""What a job is: its states, the messages the runner stores, and the row as read."""
+"""What a job is: its states, the messages the runner stores, the row as read,
+and the values the drivers' job statements take."""
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
-import sqlite3
-from dataclasses import MISSING, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from datetime import datetime
 from typing import Any
 
 
@@ -174,7 +177,7 @@ class Job:
         return Lease(self.id, self.lease_owner, self.attempt)
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row | dict[str, Any]) -> Job:
+    def from_row(cls, row: Any) -> Job:
         """The row as read; never raises on a stored result that is not JSON,
         so one bad row cannot fail a whole claim or listing.
 
@@ -211,3 +214,56 @@ _JOB_FIELDS = {
     field.name: None if field.default is MISSING else field.default for field in fields(Job)
 }
 _JOB_COLUMNS_REQUIRED = frozenset(field.name for field in fields(Job) if field.default is MISSING)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated job, ready to be inserted (nothing about it can fail validation any more).
+
+    Due at `run_at`, `delay_seconds` from the database's now, or now.
+    """
+
+    job_id: str
+    household_id: int
+    kind: str
+    payload: str
+    max_attempts: int
+    on_interrupt: OnInterrupt
+    priority: int = DEFAULT_PRIORITY
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    unique_key: str | None = None
+
+    @property
+    def due_now(self) -> bool:
+        return self.run_at is None and not self.delay_seconds
+
+    @property
+    def unique_digest(self) -> str | None:
+        """What tells a repeat of the request from another request reusing the key:
+        the kind and the canonical payload (so `{"a":1}` and `{ "a": 1 }` are
+        the same request)."""
+        if self.unique_key is None:
+            return None
+        return hashlib.sha256(f"{self.kind}\n{self.payload}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What one claim takes: up to `limit` due jobs of `kinds`, each leased to
+    `owner` for `lease_seconds`.
+
+    `owner` is the claim's own fencing token (a boot id and a claim number),
+    so that no two claims share one. `kind_limits` caps how many of a kind
+    this claim takes (the process's room for it); `kind_caps` how many of a
+    kind may run at once in the whole deployment. `now` stands in for the
+    database's clock (tests that claim in the future).
+    """
+
+    owner: str
+    lease_seconds: float
+    limit: int
+    kinds: tuple[str, ...]
+    kind_limits: Mapping[str, int] = field(default_factory=dict)
+    kind_caps: Mapping[str, int] = field(default_factory=dict)
+    now: datetime | None = None

@@ -11,16 +11,15 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mealquest.jobs.model import Recovered, Status
+from mealquest.db.driver import Store
+from mealquest.db.errors import StoreError
+from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.registry import Registry
+from mealquest.jobs.runner.running import Running
 from mealquest.metrics.registry import JOB_RESCUES, JOB_RUN_DURATION, JOB_RUNS
-from mealquest.store import StoreError
-
-if TYPE_CHECKING:
-    from mealquest.db.driver import Store
-    from mealquest.jobs.executor import Outcome, Running
-    from mealquest.jobs.registry import Registry
+from mealquest.model.jobs import Recovered, Status
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,18 @@
-"""The pool's timings, read once from the app's configuration."""
+"""The pool's timings, read once from the app's configuration.
+
+Their defaults are the settings table's (`mealquest.config.table`), so a
+pool built without a configuration runs as a default deployment does.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from mealquest.config.table import DEFAULTS, HEARTBEATS_PER_LEASE, RESCUES_PER_LEASE
+
+_LEASE_SECONDS: float = DEFAULTS["JOB_LEASE_SECONDS"]
 
 
 @dataclass(frozen=True)
@@ -18,18 +26,18 @@ class PoolSettings:
     before the hub monitor names it in the log (0: no monitor).
     """
 
-    workers: int = 4
-    poll_seconds: float = 1.0
-    change_check_seconds: float = 0.005
-    lease_seconds: float = 30.0
-    heartbeat_seconds: float = 10.0
-    rescue_seconds: float = 15.0
-    kill_grace_seconds: float = 5.0
-    unhandled_report_seconds: float = 60.0
-    max_blocking_seconds: float = 0.0
+    workers: int = DEFAULTS["JOB_WORKERS"]
+    poll_seconds: float = DEFAULTS["JOB_POLL_SECONDS"]
+    change_check_seconds: float = DEFAULTS["JOB_CHANGE_CHECK_SECONDS"]
+    lease_seconds: float = _LEASE_SECONDS
+    heartbeat_seconds: float = _LEASE_SECONDS / HEARTBEATS_PER_LEASE
+    rescue_seconds: float = _LEASE_SECONDS / RESCUES_PER_LEASE
+    kill_grace_seconds: float = DEFAULTS["JOB_KILL_GRACE_SECONDS"]
+    unhandled_report_seconds: float = DEFAULTS["JOB_UNHANDLED_REPORT_SECONDS"]
+    max_blocking_seconds: float = DEFAULTS["JOB_MAX_BLOCKING_SECONDS"]
     # How old a periodic kind's scheduled time may be and still make its job
     # when a scheduler first looks after it (processes down across it).
-    cron_catchup_seconds: float = 3600.0
+    cron_catchup_seconds: float = DEFAULTS["JOB_CRON_CATCHUP_SECONDS"]
 
     def __post_init__(self) -> None:
         if self.workers < 1:

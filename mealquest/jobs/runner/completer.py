@@ -1,9 +1,10 @@
 """The completer: writes the outcomes of jobs that finish together in one transaction.
 
-Each outcome is still fenced on its own lease. The same transaction claims
-the next jobs for the slots those outcomes free (measured: a separate claim
-after each batch was a second hop to the writer thread and a second commit
-for the same handful of jobs). A worker waits until its outcome is
+Each outcome is still fenced on its own lease. The same transaction makes
+the producer's next claim for the slots those outcomes free (measured: a
+separate claim after each batch was a second hop to the writer thread and a
+second commit for the same handful of jobs); the producer says what to
+claim and starts what was claimed. A worker waits until its outcome is
 committed, so its slot frees only once the outcome is stored.
 """
 
@@ -15,16 +16,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from types import ModuleType
 from typing import Any, TypeVar
 
 import gevent
 from gevent.event import AsyncResult, Event
 
+from mealquest.db.driver import JobStatements, Store, Transaction
+from mealquest.db.errors import StoreBroken, StoreUnavailable
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.executor import Executor, Outcome, Running
-from mealquest.jobs.model import Job, Lease
-from mealquest.store import Store, StoreUnavailable, StoreWriterDied, Transaction
+from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.runner.running import Running
+from mealquest.jobs.runner.slots import Slots
+from mealquest.model.jobs import ClaimRequest, Job, Lease
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,12 @@ T = TypeVar("T")
 # An outcome the database refused for a while is tried again after this, doubling.
 _RETRY_FIRST_SECONDS = 0.1
 _RETRY_MAX_SECONDS = 5.0
+
+# Given the slots a batch frees and the kinds of its finishing jobs, the
+# claim to make for them (None: none); and what becomes of the jobs it took
+# (the producer's `next_claim` and `hand_out`).
+NextClaim = Callable[[int, Counter[str]], ClaimRequest | None]
+HandOut = Callable[[list[Job], float], None]
 
 
 @dataclass
@@ -45,17 +54,8 @@ class _Pending:
     recorded: AsyncResult = field(default_factory=AsyncResult)
 
 
-@dataclass(frozen=True)
-class NextClaim:
-    """What the completer's transaction claims for the slots it frees, and what
-    becomes of the jobs it claimed."""
-
-    values: dict[str, Any]
-    hand_out: Callable[[list[Job], float], None]
-
-
 def _write_batch(
-    tx: Transaction, jobs: ModuleType, batch: list[_Pending], claim: dict[str, Any] | None
+    tx: Transaction, jobs: JobStatements, batch: list[_Pending], claim: ClaimRequest | None
 ) -> tuple[list[bool], list[Job]]:
     """The completer's transaction (through `jobs`, the driver's job statements).
     May run in the SQLite writer thread: no gevent objects."""
@@ -68,7 +68,7 @@ def _write_batch(
     for pending, matched in zip(batch, recorded, strict=True):
         if matched:
             pending.outcome.write_follow_ups(jobs, tx)
-    return recorded, jobs.claim(tx, **claim) if claim else []
+    return recorded, jobs.claim(tx, claim) if claim else []
 
 
 def _despite_late_kills(wait: Callable[[], T], done: Callable[[], bool]) -> T:
@@ -95,16 +95,17 @@ class Completer:
     def __init__(
         self,
         store: Store,
-        executor: Executor,
-        next_claim: Callable[[int, Counter[str]], NextClaim | None],
-        wake: Callable[[], None] | None = None,
+        slots: Slots,
+        next_claim: NextClaim,
+        hand_out: HandOut,
+        wake: Callable[[], None],
     ) -> None:
         self.store = store
-        self.executor = executor
+        self.slots = slots
+        self._next_claim = next_claim
+        self._hand_out = hand_out
         # Tells the producer that follow-up jobs were enqueued.
         self._wake = wake
-        # Given the number of slots a batch frees, what to claim for them (None: nothing).
-        self._next_claim = next_claim
         self._pending: list[_Pending] = []
         self._waiting = Event()
 
@@ -126,7 +127,7 @@ class Completer:
             self._waiting.set()
             try:
                 recorded = _despite_late_kills(pending.recorded.get, pending.recorded.ready)
-            except StoreWriterDied:
+            except StoreBroken:
                 # No write will ever get through: the pool restarts the process.
                 logger.error("could not record the job's outcome: the store is broken", extra=extra)
                 return False
@@ -162,7 +163,7 @@ class Completer:
                 self._record_batch(batch)
 
     def _record_batch(self, batch: list[_Pending], *, claim_next: bool = True) -> None:
-        running = self.executor.running
+        running = self.slots.running
         # In household order: a re-queued job (or its follow-ups) locks its
         # household's queue row on PostgreSQL, and two batches that lock rows
         # in one order cannot deadlock on them.
@@ -172,17 +173,12 @@ class Completer:
             for pending in batch
             if (entry := running.get(pending.lease)) is not None and entry.recording
         )
-        limit = max(0, self.executor.free_slots() + finishing.total()) if claim_next else 0
+        limit = max(0, self.slots.free() + finishing.total()) if claim_next else 0
         claim = self._next_claim(limit, finishing) if limit else None
-        claim_values = claim.values if claim else None
         claimed_at = time.monotonic()
-        with self.executor.reserving(
-            limit if claim else 0, claim_values["kind_limits"] if claim_values else None
-        ):
+        with self.slots.reserving(limit if claim else 0, claim.kind_limits if claim else None):
             try:
-                recorded, jobs = self.store.write(
-                    _write_batch, self.store.jobs, batch, claim_values
-                )
+                recorded, jobs = self.store.write(_write_batch, self.store.jobs, batch, claim)
             except StoreUnavailable as error:
                 # The database, not one outcome: splitting would only wait again per job.
                 for pending in batch:
@@ -199,7 +195,7 @@ class Completer:
                 return
             for pending, matched in zip(batch, recorded, strict=True):
                 pending.recorded.set(matched)
-            if self._wake is not None and any(
+            if any(
                 matched and pending.outcome.follow_ups
                 for pending, matched in zip(batch, recorded, strict=True)
             ):
@@ -207,4 +203,4 @@ class Completer:
             # Still reserved: starting may wait for the finishing greenlets to
             # leave their slots, and the producer must not claim these meanwhile.
             if claim is not None:
-                claim.hand_out(jobs, claimed_at)
+                self._hand_out(jobs, claimed_at)

@@ -1,10 +1,22 @@
-"""A stored recipe as the service reads it."""
+"""Recipes: as a page's parse gives them, and as stored."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ParsedRecipe:
+    title: str
+    ingredients: list[str]
+    instructions: list[str]
+    yields: str | None
+    total_time_minutes: int | None
+    image_url: str | None
+    author: str | None
 
 
 @dataclass(frozen=True)
@@ -25,7 +37,7 @@ class Recipe:
     updated_at: str
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Recipe:
+    def from_row(cls, row: Mapping[str, Any]) -> Recipe:
         values = dict(row)
         values["ingredients"] = json.loads(values["ingredients"])
         values["instructions"] = json.loads(values["instructions"])

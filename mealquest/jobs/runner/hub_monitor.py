@@ -12,7 +12,7 @@ the interruption policy's business.
 from __future__ import annotations
 
 import logging
-import weakref
+from collections.abc import Callable
 from typing import Any
 
 import gevent
@@ -20,11 +20,14 @@ from gevent import events
 from gevent._monitor import PeriodicMonitoringThread
 from gevent.hub import Hub, get_hub
 
-from mealquest.jobs.executor import Executor
+from mealquest.jobs.runner.running import Running
 
 logger = logging.getLogger(__name__)
 
-_executors: weakref.WeakSet[Executor] = weakref.WeakSet()
+# The job a greenlet runs, if any (a pool's `Slots.job_of`).
+JobOf = Callable[[object], Running | None]
+
+_lookups: list[JobOf] = []
 _subscribed = False
 
 
@@ -52,15 +55,15 @@ class BlockedHubMonitor(PeriodicMonitoringThread):
         return greenlet, []
 
 
-def watch(executor: Executor, max_blocking_seconds: float) -> None:
-    """Report handlers of `executor` that block the hub longer than the limit.
+def watch(job_of: JobOf, max_blocking_seconds: float) -> None:
+    """Report the handlers `job_of` knows that block the hub longer than the limit.
 
     Call from the hub's own thread (the monitor installs its tracer there).
     A monitor gevent already runs (`GEVENT_MONITOR_THREAD_ENABLE`) is kept:
     its reports reach this module too.
     """
     global _subscribed
-    _executors.add(executor)
+    _lookups.append(job_of)
     if not _subscribed:
         events.subscribers.append(_on_event)
         _subscribed = True
@@ -75,8 +78,8 @@ def _on_event(event: Any) -> None:
     # Runs in the monitor thread while the hub is blocked: read only.
     if not isinstance(event, events.EventLoopBlocked):
         return
-    for executor in list(_executors):
-        entry = executor.job_of(event.greenlet)
+    for job_of in list(_lookups):
+        entry = job_of(event.greenlet)
         if entry is not None:
             logger.error(
                 "job's handler blocked the event loop for over %.1fs "

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from mealquest.households import SYSTEM_HOUSEHOLD_ID
+from mealquest.db.driver import Store, Transaction
+from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs.cron import CronSchedule
 from mealquest.jobs.registry import Kind, Registry
-from mealquest.store import Store, StoreUnavailable, Transaction
+from mealquest.model.households import SYSTEM_HOUSEHOLD_ID
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,84 @@
+"""The service's configuration: one table of settings, and the check of every value.
+
+`create_app` starts from `DEFAULTS`, then `MEALQUEST_*` environment
+variables (Flask's `from_prefixed_env`, which parses values as JSON:
+`MEALQUEST_JOB_WORKERS=8` is the number 8), then the mapping a test
+passes, and calls `check_config` before it builds anything. So a bad value
+stops every entry point (gunicorn, `flask db upgrade`, `flask jobs work`)
+before it opens or starts anything, with one line naming the variable the
+operator sets:
+
+    MEALQUEST_JOB_LEASE_SECONDS: must be a positive number (got "abc")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from mealquest.config import rules
+from mealquest.config.table import (
+    DEFAULTS,
+    ENV_PREFIX,
+    HEARTBEATS_PER_LEASE,
+    RESCUES_PER_LEASE,
+    SETTINGS,
+)
+from mealquest.documented import DocumentedError
+
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config"]
+
+
+class ConfigError(DocumentedError):
+    """A configuration value cannot be used; the message names its variable."""
+
+
+def check_config(config: MutableMapping[str, Any]) -> None:
+    """Check every setting by its rule, derive the values left to follow
+    others, and write the normalised values back; raise ConfigError at the
+    first bad one."""
+    values = {}
+    for setting in SETTINGS:
+        try:
+            values[setting.key] = setting.rule(config.get(setting.key))
+        except rules.Secret as invalid:
+            raise ConfigError(f"{setting.variable}: {invalid}") from None
+        except rules.Invalid as invalid:
+            raise _error(setting.key, str(invalid), config.get(setting.key)) from None
+    _derive(values, config)
+    config.update(values)
+
+
+def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """The heartbeat and the rescue interval follow the lease unless set, so
+    that changing the lease alone keeps them consistent with it; and the
+    settings that only make sense together are checked together."""
+    lease = values["JOB_LEASE_SECONDS"]
+    if values["JOB_HEARTBEAT_SECONDS"] is None:
+        values["JOB_HEARTBEAT_SECONDS"] = lease / HEARTBEATS_PER_LEASE
+    elif values["JOB_HEARTBEAT_SECONDS"] >= lease:
+        raise _error(
+            "JOB_HEARTBEAT_SECONDS",
+            f"must be below {ENV_PREFIX}JOB_LEASE_SECONDS ({lease:g}), or unset "
+            "to renew every third of the lease",
+            given["JOB_HEARTBEAT_SECONDS"],
+        )
+    if values["JOB_RESCUE_SECONDS"] is None:
+        values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    if values["DASHBOARD"] and values["SECRET_KEY"] is None:
+        raise ConfigError(
+            f"{ENV_PREFIX}SECRET_KEY: must be set ({rules.MIN_SECRET_KEY_LENGTH} characters "
+            f"or more) when {ENV_PREFIX}DASHBOARD is on"
+        )
+    if values["METRICS_PORT"] is not None and values["METRICS_PORT"] > rules.MAX_PORT:
+        port = values["METRICS_PORT"]
+        raise _error("METRICS_PORT", f"must be a port number, 1 to {rules.MAX_PORT}", port)
+
+
+def _error(key: str, reason: str, value: Any) -> ConfigError:
+    try:
+        shown = json.dumps(value)
+    except (TypeError, ValueError):
+        shown = repr(value)
+    return ConfigError(f"{ENV_PREFIX}{key}: {reason} (got {shown})")

@@ -1,0 +1,5 @@
+"""`python -m mealquest.config`: print the README's settings table from the table itself."""
+
+from mealquest.config.table import markdown_table
+
+print(markdown_table(), end="")

@@ -1,0 +1,314 @@
+"""Every `MEALQUEST_*` setting, once: its default, the rule its value keeps, and its doc.
+
+The README's settings table is this table (`python -m mealquest.config`
+prints it, and a test holds the README to it); `create_app` starts from
+these defaults and checks every value by its rule; the pool's settings take
+their defaults from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mealquest.config import rules
+from mealquest.db.sqlite.connection import SYNCHRONOUS_MODES
+
+ENV_PREFIX = "MEALQUEST_"
+# Without an explicit value, a process renews its leases three times per
+# lease and rescues expired ones twice per lease.
+HEARTBEATS_PER_LEASE = 3
+RESCUES_PER_LEASE = 2
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: `key` without its `MEALQUEST_` prefix; `shown` is how the
+    README states the default when the value alone would not say it."""
+
+    key: str
+    default: Any
+    rule: Callable[[Any], Any]
+    doc: str
+    shown: str | None = None
+
+    @property
+    def variable(self) -> str:
+        return ENV_PREFIX + self.key
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "DATABASE_URL",
+        None,
+        rules.database_url,
+        "the database: `sqlite:///relative/path`, `sqlite:////absolute/path` or "
+        "`postgresql://user:password@host:port/db` (`postgres://` too); unset, the SQLite "
+        "file `MEALQUEST_DATABASE`. See [PostgreSQL](#postgresql-and-several-hosts)",
+    ),
+    Setting(
+        "DATABASE",
+        None,
+        rules.file_path,
+        "the SQLite file, when no URL is set",
+        shown="`instance/mealquest.sqlite3`",
+    ),
+    Setting(
+        "PG_POOL_SIZE",
+        10,
+        rules.whole(1),
+        "PostgreSQL: connections each process's pool may open (plus one for LISTEN)",
+    ),
+    Setting(
+        "PG_LISTEN",
+        True,
+        rules.flag,
+        "PostgreSQL: wake idle pools with LISTEN/NOTIFY; `false` polls only "
+        "(PgBouncer in transaction mode)",
+    ),
+    Setting(
+        "DB_SYNCHRONOUS",
+        "NORMAL",
+        rules.one_of(*SYNCHRONOUS_MODES),
+        "`PRAGMA synchronous`. With WAL, `NORMAL` never corrupts the file, and an "
+        "application crash loses nothing, but an OS crash or power cut may lose the last "
+        "commits (a job finished just before may run again); `FULL` makes every commit "
+        "durable at the cost of an fsync per write",
+    ),
+    Setting(
+        "DB_BUSY_TIMEOUT_SECONDS",
+        5.0,
+        rules.positive,
+        "how long a read or write waits for SQLite locks before the caller gets `503 unavailable`",
+    ),
+    Setting("JOB_WORKERS", 4, rules.whole(1), "jobs run at once per process"),
+    Setting(
+        "JOB_POLL_SECONDS",
+        1.0,
+        rules.positive,
+        "an idle pool claims at least this often (finds retries whose time has come)",
+    ),
+    Setting(
+        "JOB_CHANGE_CHECK_SECONDS",
+        0.005,
+        rules.positive,
+        "how often an idle pool checks `PRAGMA data_version` to see other processes' enqueues",
+    ),
+    Setting(
+        "JOB_LEASE_SECONDS",
+        60.0,
+        rules.positive,
+        "a running job's lease; a job whose process stops renewing it is rescued after "
+        "this. Keep it above gunicorn's `timeout` plus a heartbeat, so a worker whose "
+        "event loop is blocked is killed before its jobs' leases can expire",
+    ),
+    Setting(
+        "JOB_HEARTBEAT_SECONDS",
+        None,
+        rules.derived(rules.positive),
+        "how often a process renews its jobs' leases; if set, it must be below the lease",
+        shown="a third of the lease (`20.0`)",
+    ),
+    Setting(
+        "JOB_RESCUE_SECONDS",
+        None,
+        rules.derived(rules.positive),
+        "how often each process rescues jobs with expired leases",
+        shown="half the lease (`30.0`)",
+    ),
+    Setting(
+        "JOB_KILL_GRACE_SECONDS",
+        5.0,
+        rules.positive,
+        "how long a handler stopped by its timeout, a stop or a lost lease has to die "
+        "before the pool gives up on it (records its job, keeps its slot, restarts the "
+        "process); also how long the handler of a cancelled running job has to stop by "
+        "itself (`ctx.cancelled`) before it is killed",
+    ),
+    Setting(
+        "JOB_UNHANDLED_REPORT_SECONDS",
+        60.0,
+        rules.positive,
+        "how often each pool logs the queued jobs of kinds it has no handler for",
+    ),
+    Setting(
+        "JOB_MAX_BLOCKING_SECONDS",
+        1.0,
+        rules.not_negative,
+        "a handler that holds the event loop longer is named at ERROR with its job id and "
+        "kind (gevent's hub monitor); `0` turns the monitor off",
+    ),
+    Setting(
+        "JOB_MAX_PENDING_PER_HOUSEHOLD",
+        100,
+        rules.whole(1),
+        "a household's quota: jobs it may have queued or running at once; an enqueue past "
+        "it is refused (`429 too_many_jobs`). See "
+        "[Fair shares](#fair-shares-between-households-quota-and-claim-order)",
+    ),
+    Setting(
+        "JOB_STOP_TIMEOUT_SECONDS",
+        25.0,
+        rules.not_negative,
+        "how long `flask jobs work` lets running jobs finish when stopped (under gunicorn, "
+        "`graceful_timeout` minus a second)",
+    ),
+    Setting(
+        "MAX_CONTENT_LENGTH",
+        64 * 1024,
+        rules.whole(1),
+        "largest request body in bytes (`413` above it); nginx's `client_max_body_size` "
+        "in `deploy/nginx.conf` matches it",
+    ),
+    Setting(
+        "MAX_URI_LENGTH",
+        4000,
+        rules.whole(1),
+        "longest path plus query string in bytes (`414 uri_too_long` above it); below "
+        "gunicorn's `limit_request_line` (8190) and nginx's header buffers (8 KiB), which "
+        "answer longer ones (nginx in the same envelope)",
+    ),
+    Setting(
+        "LOG_LEVEL",
+        "INFO",
+        rules.one_of(*rules.LOG_LEVELS),
+        "level of the service's own log lines (stderr)",
+    ),
+    Setting(
+        "JOB_CRON_CATCHUP_SECONDS",
+        3600.0,
+        rules.positive,
+        "how old a periodic kind's scheduled time may be and still make its job when a "
+        "scheduler looks after it: if every process was down across a slot for less than "
+        "this, the slot's job is made when one is back (one job for all the slots missed, "
+        "the latest); older slots are skipped. See [Periodic jobs](#periodic-jobs)",
+    ),
+    Setting(
+        "JOB_RETENTION_DAYS",
+        14,
+        rules.whole(0),
+        "finished jobs (every final status) older than this many whole days are deleted by "
+        "the hourly `prune_jobs` maintenance job; `0` keeps them all. Recipes stay. See "
+        "[Retention](#retention)",
+    ),
+    Setting(
+        "DASHBOARD",
+        False,
+        rules.flag,
+        "serve the operators' dashboard at `/admin/` (see "
+        "[Operators](#operators-metrics-and-the-dashboard)); on, `MEALQUEST_SECRET_KEY` is "
+        "required",
+    ),
+    Setting(
+        "SECRET_KEY",
+        None,
+        rules.secret_key,
+        "signs the dashboard's session cookie and CSRF tokens: 32 characters or more, "
+        "random (`python3 -c 'import secrets; print(secrets.token_urlsafe(48))'`), the same "
+        "on every worker and host; never shown in an error",
+    ),
+    Setting(
+        "DASHBOARD_SESSION_HOURS",
+        12.0,
+        rules.positive,
+        "a dashboard sign-in lasts this long",
+        shown="`12`",
+    ),
+    Setting(
+        "METRICS_PORT",
+        None,
+        rules.derived(rules.whole(1)),
+        "`flask jobs work` serves `GET /metrics` on this port; unset, it serves no metrics "
+        "at all (under gunicorn, the app's own `/metrics` route serves them)",
+    ),
+    Setting(
+        "METRICS_HOST",
+        "127.0.0.1",
+        rules.text,
+        "the address that port is bound to",
+    ),
+    Setting(
+        "JOB_POOL_IN_WEB",
+        True,
+        rules.flag,
+        "each gunicorn worker runs a job pool; `false` for web-only workers when "
+        "`flask jobs work` processes run the jobs (see Deployment)",
+    ),
+    Setting(
+        "PROXY_FIX_HOPS",
+        0,
+        rules.whole(0),
+        "proxies in front of the app whose `X-Forwarded-For`/`-Proto`/`-Host`/`-Port` are "
+        "trusted (werkzeug's `ProxyFix`); `1` behind the nginx of `deploy/nginx.conf`. "
+        "Never more than there are: a client could then choose its own address",
+    ),
+    Setting(
+        "ALLOW_PRIVATE_URLS",
+        False,
+        rules.flag,
+        "let recipe imports fetch private, loopback, link-local (cloud metadata), "
+        "multicast, reserved and unspecified addresses. **Development and tests only**: "
+        "on, any household can make the service read its own network",
+    ),
+    Setting(
+        "RECIPE_FETCH_ALLOWED_NETWORKS",
+        [],
+        rules.networks,
+        "private networks a recipe import may reach while the above is off, as a JSON "
+        "list of CIDRs, e.g. `'[\"10.1.2.0/24\"]'`",
+    ),
+    Setting(
+        "RECIPE_FETCH_CONNECT_TIMEOUT_SECONDS",
+        5.0,
+        rules.positive,
+        "time to open a TCP connection to one address of the page's host",
+    ),
+    Setting(
+        "RECIPE_FETCH_TIMEOUT_SECONDS",
+        20.0,
+        rules.positive,
+        "time for a whole fetch: name resolution, every redirect and the body",
+    ),
+    Setting(
+        "RECIPE_FETCH_MAX_BYTES",
+        4 * 1024 * 1024,
+        rules.whole(1),
+        "largest page read (4 MiB); the body is streamed and abandoned past it",
+    ),
+    Setting(
+        "RECIPE_FETCH_MAX_REDIRECTS",
+        5,
+        rules.whole(0),
+        "redirects followed before the import fails",
+    ),
+    Setting(
+        "RECIPE_IMPORT_RETRY_SECONDS",
+        5.0,
+        rules.positive,
+        "delay before retrying a transient fetch failure, doubled for the third and last "
+        "attempt (±10 %)",
+    ),
+)
+
+DEFAULTS: dict[str, Any] = {setting.key: setting.default for setting in SETTINGS}
+
+
+def _shown(setting: Setting) -> str:
+    if setting.shown is not None:
+        return setting.shown
+    value = setting.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, list):
+        return f"`{value!r}`"
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """The README's settings table, row for row."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{s.variable}` | {_shown(s)} | {s.doc} |" for s in SETTINGS]
+    return "\n".join(lines) + "\n"

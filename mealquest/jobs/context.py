@@ -1,0 +1,129 @@
+"""What a handler gets besides its payload: who it is, and writes fenced on its lease.
+
+The API every job kind's author uses. The runner makes one `JobContext` per
+attempt and reads back what the handler did with it (its follow-up jobs,
+whether one of its writes found the lease gone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from mealquest.db.driver import Store, Transaction
+from mealquest.jobs import enqueueing
+from mealquest.jobs.errors import LeaseLost
+from mealquest.jobs.registry import Kind, Registry
+from mealquest.model.jobs import DEFAULT_PRIORITY, Job, Lease, NewJob
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+class JobContext:
+    """What a handler gets besides its payload: who it is, and fenced writes."""
+
+    def __init__(
+        self,
+        store: Store,
+        kind: Kind,
+        job: Job,
+        lease: Lease,
+        *,
+        registry: Registry | None = None,
+        is_cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.job_id = job.id
+        self.household_id = job.household_id
+        self.kind = job.kind
+        self.attempt = job.attempt
+        self.max_attempts = job.max_attempts
+        # The database: handlers write their domain rows through its SQL
+        # (`ctx.store.recipes`, ...) inside `ctx.write`.
+        self.store = store
+        # Jobs the handler enqueued, written with its success (`enqueue`).
+        self.follow_ups: list[NewJob] = []
+        # A write of the handler's found the lease gone.
+        self.lease_found_lost = False
+        self._kind = kind
+        self._lease = lease
+        self._registry = registry
+        self._is_cancelled = is_cancelled
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled while it ran. A cooperative handler
+        checks it between steps and returns (or raises) as soon as it is True:
+        the job ends cancelled whatever the handler does then. One that does
+        not stop is killed after the pool's kill grace."""
+        return self._is_cancelled()
+
+    def enqueue(
+        self,
+        kind_name: str,
+        payload: Mapping[str, Any],
+        *,
+        run_at: datetime | None = None,
+        delay: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
+        unique_key: str | None = None,
+    ) -> str:
+        """Enqueue a follow-up job for this job's household, fenced on this job's lease.
+
+        Validated now (ValidationError or UnknownKind here, as from
+        `JobService.enqueue`), written later: the follow-up is inserted in
+        the transaction that records this attempt's success, and only if that
+        fenced write matches. So if the attempt fails, is retried, times out,
+        is cancelled or interrupted, or its lease was lost to another process,
+        no follow-up of it exists, and a retried attempt enqueues its own. A
+        `unique_key` another job of the household holds makes no new job (and
+        does not fail the success): the id returned, the one the follow-up
+        will have, then names no job. Follow-ups are the handler's own
+        chaining, not a household's request: the household's quota does not
+        refuse them (a handler that fans out bounds its own fan-out).
+        """
+        if self._registry is None:
+            raise RuntimeError("this context cannot enqueue")
+        job = enqueueing.prepare(
+            self._registry,
+            kind_name,
+            payload,
+            household_id=self.household_id,
+            run_at=run_at,
+            delay=delay,
+            priority=priority,
+            unique_key=unique_key,
+        )
+        self.follow_ups.append(job)
+        return job.job_id
+
+    def publish(self, partial: Any) -> None:
+        """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
+        encoded = self._kind.encode_partial(partial)
+        published = self.store.write(self.store.jobs.publish, self._lease, result=encoded)
+        if not published:
+            self.lease_found_lost = True
+            raise LeaseLost()
+
+    def write(
+        self, fn: Callable[Concatenate[Transaction, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run `fn(tx, ...)` in a write transaction that commits only while this
+        worker still holds the job's lease, so a rescued job's old worker cannot
+        write domain rows behind the new one.
+
+        `fn` runs where the store runs its writes (on SQLite, its native writer
+        thread): SQL only, no gevent calls, no I/O, nothing slow (every other
+        write of the process waits).
+        """
+
+        def fenced(tx: Transaction) -> T:
+            if not self.store.jobs.owns(tx, self._lease):
+                # Marked here, not where it arrives: a LeaseLost that `fn`
+                # raises on its own is the handler's failure.
+                self.lease_found_lost = True
+                raise LeaseLost()
+            return fn(tx, *args, **kwargs)
+
+        return self.store.write(fenced)

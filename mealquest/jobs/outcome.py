@@ -1,0 +1,82 @@
+"""How an attempt ended: the state change its worker writes, and what a failure may say.
+
+An `Outcome` is decided by the runner from what the handler did (returned a
+result, raised a `Failure`, timed out, ...) and written by it, fenced on
+the attempt's lease. A `Failure`'s message is stored for the household to
+read, so it is bounded here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mealquest.db.driver import JobStatements, Transaction
+from mealquest.jobs import enqueueing
+from mealquest.masking import URL_IN_TEXT
+from mealquest.model.jobs import Attempt, Lease, NewJob, Status, Transition
+
+# A `Failure` message is for a person to read in a job's answer: one longer
+# than this (a page's whole text, say) is cut, not stored and served in full.
+MAX_FAILURE_MESSAGE = 2_000
+_CUT = "…"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: the state change its worker writes, fenced on the lease."""
+
+    to: Status
+    attempt: Attempt = Attempt.SPEND
+    result: str | None = None
+    error: str | None = None
+    delay_seconds: float | None = None
+    # Jobs the handler enqueued (`JobContext.enqueue`): inserted only with a
+    # success, in the same transaction, and only if the fence matched.
+    follow_ups: tuple[NewJob, ...] = ()
+
+    def transition(self, lease: Lease) -> Transition:
+        """The fenced state change this outcome writes for `lease`."""
+        return Transition(
+            lease,
+            to=self.to,
+            attempt=self.attempt,
+            result=self.result,
+            error=self.error,
+            delay_seconds=self.delay_seconds,
+        )
+
+    def write_follow_ups(self, jobs: JobStatements, tx: Transaction) -> None:
+        """Insert the follow-ups once the success's fenced write matched."""
+        if self.to is Status.SUCCEEDED:
+            for job in self.follow_ups:
+                # A follow-up whose key another job holds is that job: the
+                # success must not fail over it.
+                enqueueing.insert(tx, jobs, job, on_reused_key="keep")
+
+    def write(self, jobs: JobStatements, tx: Transaction, lease: Lease) -> bool:
+        """This outcome alone, through `jobs` (the driver's job statements):
+        whether the fence matched; the follow-ups are written only then."""
+        matched = jobs.transition(tx, self.transition(lease))
+        if matched:
+            self.write_follow_ups(jobs, tx)
+        return matched
+
+
+CANCELLED = Outcome(Status.CANCELLED)
+
+
+def failed(error: str) -> Outcome:
+    return Outcome(Status.FAILED, error=error)
+
+
+def bounded_failure_message(message: str) -> str:
+    """`message` cut to `MAX_FAILURE_MESSAGE` characters, never inside a URL:
+    a URL's credentials are masked where jobs are shown only when the URL
+    is whole (a cut one might have lost the `@` that marks them)."""
+    if len(message) <= MAX_FAILURE_MESSAGE:
+        return message
+    end = MAX_FAILURE_MESSAGE - len(_CUT)
+    for url in URL_IN_TEXT.finditer(message, 0, end + 1):
+        if url.end() > end:
+            end = url.start()
+    return message[:end] + _CUT

@@ -1,0 +1,172 @@
+"""The producer: the one role that claims jobs, for the pool's free slots.
+
+It claims as many due jobs of the registered kinds as there are free
+slots, in one statement. The completer, which frees slots, asks it for the
+next claim (`next_claim`) to make in the transaction that records the
+outcomes, and hands what that claim took back to it (`hand_out`): every
+claim's arguments and every claimed job's start are the producer's.
+
+Idle, the producer wakes on an enqueue in this process, on a commit by
+another process (`Store.data_version`, checked every few milliseconds, then
+a cheap look for a due job), on a slot freed after a full claim, or on the
+poll interval, which is the guarantee.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from gevent.event import Event
+
+from mealquest.db.driver import Store, Transaction
+from mealquest.db.errors import StoreUnavailable
+from mealquest.jobs.registry import Registry
+from mealquest.jobs.runner.settings import PoolSettings
+from mealquest.jobs.runner.slots import Slots
+from mealquest.model.jobs import Attempt, ClaimRequest, Job, Status, Transition
+
+logger = logging.getLogger(__name__)
+
+# Starts claimed jobs, each in a slot of its own; the monotonic time their
+# leases are known to last until (the executor's `start`).
+Start = Callable[[list[Job], float], None]
+
+
+class Producer:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        settings: PoolSettings,
+        owner: str,
+        slots: Slots,
+        start: Start,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.owner = owner
+        self.slots = slots
+        self.start = start
+        self.stopping = Event()
+        self._wake = Event()
+        self._claims = itertools.count(1)
+
+    def wake(self) -> None:
+        """Tell an idle producer that this process enqueued a job (greenlet code only)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Claim nothing more; jobs a claim in flight returns go back to the queue."""
+        self.stopping.set()
+        self._wake.set()
+        self.slots.freed.set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            free = self.slots.free()
+            if free <= 0:
+                self.slots.freed.wait()
+                self.slots.freed.clear()
+                continue
+            self._wake.clear()
+            try:
+                jobs = self.claim(free)
+            except StoreUnavailable:
+                logger.warning("database unavailable; claiming again after the poll interval")
+                self.stopping.wait(self.settings.poll_seconds)
+                continue
+            except Exception:
+                logger.exception("claiming jobs failed; trying again after the poll interval")
+                self.stopping.wait(self.settings.poll_seconds)
+                continue
+            if len(jobs) < free:
+                self._wait_for_work()
+
+    def claim(self, limit: int) -> list[Job]:
+        """Claim up to `limit` due jobs and start running them."""
+        claimed_at = time.monotonic()
+        request = self.claim_request(limit)
+        with self.slots.reserving(limit, request.kind_limits):
+            jobs = self.store.write(self.store.jobs.claim, request)
+            self.hand_out(jobs, claimed_at)
+        return jobs
+
+    def claim_request(self, limit: int, finishing: Counter[str] | None = None) -> ClaimRequest:
+        """The claim for `limit` slots. `finishing`: jobs by kind whose outcomes the
+        claiming transaction writes first (their places count as free)."""
+        room = self.slots.kind_room(self.registry.per_process_caps(), finishing)
+        return ClaimRequest(
+            # Every claim fences its jobs with a token of its own, so an
+            # attempt whose refund gave the next claim the same attempt number
+            # still cannot be written by the earlier claim's handler.
+            owner=f"{self.owner}.{next(self._claims)}",
+            lease_seconds=self.settings.lease_seconds,
+            limit=limit,
+            kinds=self.registry.names(),
+            kind_limits={kind: min(free, limit) for kind, free in room.items()},
+            kind_caps=self.registry.deployment_caps(),
+        )
+
+    def next_claim(self, limit: int, finishing: Counter[str]) -> ClaimRequest | None:
+        """What the completer's transaction claims for the slots it frees
+        (nothing once stopping); its jobs come back through `hand_out`."""
+        if self.stopping.is_set():
+            return None
+        return self.claim_request(limit, finishing)
+
+    def claimable_kinds(self) -> tuple[str, ...]:
+        """The kinds this process has handlers and room for now."""
+        room = self.slots.kind_room(self.registry.per_process_caps())
+        return tuple(kind for kind in self.registry.names() if room.get(kind, 1) > 0)
+
+    def hand_out(self, jobs: list[Job], claimed_at: float) -> None:
+        """Start the jobs a claim took (`claimed_at`: when it began, monotonic)."""
+        if jobs and self.stopping.is_set():
+            # Claimed by a write in flight when the stop began (the
+            # completer's): the stop may already have counted what it waits
+            # for, so these never start; they go back to the queue as they were.
+            self._unclaim(jobs)
+            return
+        self.start(jobs, claimed_at + self.settings.lease_seconds)
+
+    def _unclaim(self, jobs: list[Job]) -> None:
+        changes = [Transition(job.lease, to=Status.QUEUED, attempt=Attempt.REFUND) for job in jobs]
+
+        def unclaim(tx: Transaction) -> None:
+            self.store.jobs.transition_many(tx, changes)
+
+        try:
+            self.store.write(unclaim)
+        except Exception:
+            logger.exception("could not put back jobs claimed while stopping; leases will expire")
+
+    def _wait_for_work(self) -> None:
+        """Idle until woken, another process commits something due, or the poll interval."""
+        deadline = time.monotonic() + self.settings.poll_seconds
+        try:
+            version = self.store.data_version()
+            while not self.stopping.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                if self._wake.wait(min(self.settings.change_check_seconds, remaining)):
+                    return
+                current = self.store.data_version()
+                if current == version:
+                    continue
+                version = current
+                # Something committed (maybe only a heartbeat): claim only if a job is due.
+                # Only kinds with room: a kind at its cap here waits for a slot
+                # of its own, which wakes the producer when it frees.
+                if self.store.read(self.store.jobs.has_due_job, self.claimable_kinds()):
+                    return
+        except StoreUnavailable:
+            self._wake.wait(max(deadline - time.monotonic(), 0))
+        except Exception:
+            logger.exception("checking for new jobs failed; waiting for the poll")
+            self._wake.wait(max(deadline - time.monotonic(), 0))
