@@ -146,10 +146,11 @@ def on_exit(server: Arbiter) -> None:
 
 
 def post_worker_init(worker: Worker) -> None:
-    # Why this hook: the design card names post_fork, but gunicorn calls
-    # post_fork before the gevent worker monkey-patches, re-initialises the
-    # hub and loads the app; code imported there keeps unpatched locks and
-    # sockets (SPEC 3a). post_worker_init runs in the worker after all three,
+    # Why this hook, and not post_fork: gunicorn calls post_fork before the
+    # gevent worker monkey-patches, re-initialises the hub and loads the app;
+    # code imported there keeps unpatched locks and sockets (a module-level
+    # `threading.Lock()` stayed a real OS lock and deadlocked the worker until
+    # gunicorn killed it). post_worker_init runs in the worker after all three,
     # just before it serves, so the pool's greenlets, the store's threadpool
     # and every socket a job opens are gevent's. It also refuses a database
     # behind the migrations (the worker exits with gunicorn's boot-error

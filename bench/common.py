@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def store_pragmas(conn: sqlite3.Connection, synchronous: str) -> None:
-    """The pragmas `mealquest.store.connect` sets, for the baselines that run
+    """The pragmas `mealquest.db.sqlite.connection.connect` sets, for the baselines that run
     statements on a plain connection: a baseline without one of them would
     measure the pragma, not the code."""
     conn.execute("PRAGMA foreign_keys = ON")

@@ -4,7 +4,8 @@ Another process holds `BEGIN IMMEDIATE` for a while; meanwhile this process
 runs its pool, enqueues jobs (store writes, which must wait for that lock)
 and reads them back, and a ticker greenlet asking to wake every millisecond
 records the longest gap between its ticks. A write waiting on the lock on the
-hub thread would show the whole hold time as one gap (SPEC 3).
+hub thread would show the whole hold time as one gap: sqlite3 is a blocking C
+library that gevent cannot patch.
 """
 
 from __future__ import annotations

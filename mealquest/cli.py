@@ -13,7 +13,7 @@ from flask import Flask, current_app
 from flask.cli import AppGroup
 
 from mealquest import households, operators
-from mealquest.db import driver_errors, migrations
+from mealquest.db import database_errors, migrations
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreError
 from mealquest.extensions import get_store
@@ -45,7 +45,7 @@ def _migrated_store() -> Store:
         migrations.require_migrated(store)
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (StoreError, *driver_errors()) as error:
+    except database_errors() as error:
         raise _database_error(error) from None
     return store
 
@@ -62,14 +62,14 @@ def db_upgrade() -> None:
         applied = get_store().upgrade()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (StoreError, *driver_errors()) as error:
+    except database_errors() as error:
         raise _database_error(error) from None
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
     try:
         ledger = get_store().migration_status()
-    except (migrations.MigrationError, StoreError, *driver_errors()):
+    except database_errors():
         return  # nothing more to say than what was applied
     _echo_unknown(ledger)
 
@@ -81,7 +81,7 @@ def db_status() -> None:
         ledger = get_store().migration_status()
     except migrations.MigrationError as error:
         raise _fail(error) from None
-    except (StoreError, *driver_errors()) as error:
+    except database_errors() as error:
         raise _database_error(error) from None
     for state in ledger.states:
         when = f"applied {state.applied_at}" if state.applied else "pending"

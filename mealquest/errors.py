@@ -19,7 +19,6 @@ from marshmallow import ValidationError
 from werkzeug.exceptions import HTTPException
 
 from mealquest.db.errors import StoreBusy, StoreUnavailable
-from mealquest.jobs.errors import TooManyJobs
 
 logger = logging.getLogger(__name__)
 
@@ -112,17 +111,7 @@ def _unavailable(error: StoreUnavailable) -> tuple[Response, int]:
     return unavailable_response(error)
 
 
-def _too_many_jobs(error: TooManyJobs) -> tuple[Response, int]:
-    """429 `too_many_jobs`: the household is at its quota of queued and running
-    jobs; `Retry-After` is about when one of them will have finished."""
-    response, status = error_response(
-        429, "too_many_jobs", "the household has too many jobs queued or running; try again later"
-    )
-    response.headers["Retry-After"] = str(error.retry_after)
-    return response, status
-
-
-def _internal(error: Exception) -> tuple[Response, int]:
+def _internal(error: Exception) -> tuple[Response, int] | Response:
     if isinstance(error, HTTPException):
         return _http_error(error)
     logger.exception("unhandled error")
@@ -146,6 +135,5 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(APIError, _api_error)
     app.register_error_handler(ValidationError, _validation_error)
     app.register_error_handler(StoreUnavailable, _unavailable)
-    app.register_error_handler(TooManyJobs, _too_many_jobs)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _internal)

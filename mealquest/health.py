@@ -14,8 +14,8 @@ from typing import Any
 from flask import Blueprint, Response
 from marshmallow import Schema, fields
 
-from mealquest.db import driver_errors, migrations
-from mealquest.db.errors import StoreBusy, StoreError, StoreUnavailable
+from mealquest.db import database_errors, migrations
+from mealquest.db.errors import StoreBusy, StoreUnavailable
 from mealquest.errors import error_response, unavailable_response
 from mealquest.extensions import get_store
 from mealquest.openapi import operation
@@ -45,7 +45,7 @@ def healthz() -> tuple[Response, int] | dict[str, Any]:
         if isinstance(error, StoreBusy):
             logger.warning("health check failed: %s", type(error).__name__)
         return unavailable_response(error)
-    except (StoreError, migrations.MigrationError, *driver_errors()) as error:
+    except database_errors() as error:
         # (A driver's own error text may quote its server or the statement: the type only.)
         logger.warning("health check failed: %s", type(error).__name__)
         return error_response(503, "unavailable", "the database is not available")

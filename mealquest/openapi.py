@@ -31,7 +31,7 @@ API_PREFIX = "/api/v1"
 SECURITY_SCHEME = "bearerAuth"
 EXTENSION_KEY = "mealquest.openapi"
 
-# Every `code` the error envelope can carry (SPEC section 5).
+# Every `code` the error envelope can carry (the README lists what each means).
 ERROR_CODES = (
     "validation_error",
     "unauthorized",

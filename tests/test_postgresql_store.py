@@ -624,7 +624,7 @@ def heard(pg_url):
 
 
 def test_a_burst_of_enqueues_sends_one_notify_per_interval(store, household, heard):
-    store.notifier = Notifier(store, interval=3600)  # the whole burst in one interval
+    store.notifier = Notifier(store.write, interval=3600)  # the whole burst in one interval
     try:
         for _ in range(20):
             enqueue(store, household)
@@ -636,7 +636,7 @@ def test_a_burst_of_enqueues_sends_one_notify_per_interval(store, household, hea
 
 
 def test_an_enqueue_inside_the_interval_gets_a_trailing_notify(store, household, heard):
-    store.notifier = Notifier(store, interval=0.05)
+    store.notifier = Notifier(store.write, interval=0.05)
     enqueue(store, household)
     enqueue(store, household)  # inside the interval, or past it on a slow machine
 

@@ -15,18 +15,21 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from mealquest.db.driver import Store
-from mealquest.db.errors import DatabaseURLError
+from mealquest.db.errors import DatabaseURLError, StoreError
 
 SQLITE_SCHEME = "sqlite"
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 
 
-def driver_errors() -> tuple[type[Exception], ...]:
-    """The base exceptions of the database libraries this process has loaded:
-    sqlite3's, and psycopg's once imported (never imported here: importing it
-    fixes whether its waits yield to gevent)."""
+def database_errors() -> tuple[type[Exception], ...]:
+    """Every exception a use of the database may raise: the store's own
+    (`StoreError`, migration errors included), and the base exceptions of the
+    database libraries this process has loaded: sqlite3's, and psycopg's once
+    imported (never imported here: importing it fixes whether its waits
+    yield to gevent)."""
     psycopg = sys.modules.get("psycopg")
-    return (sqlite3.Error,) if psycopg is None else (sqlite3.Error, psycopg.Error)
+    libraries = (sqlite3.Error,) if psycopg is None else (sqlite3.Error, psycopg.Error)
+    return (StoreError, *libraries)
 
 
 def sqlite_path(url: str) -> str:

@@ -36,12 +36,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mealquest.db.errors import StoreError
-
-if TYPE_CHECKING:
-    from mealquest.db.driver import Store
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +138,19 @@ def require_current(ledger: Ledger) -> tuple[str, ...]:
     return ledger.unknown
 
 
+class Migrated(Protocol):
+    """What the serving check reads of a store (every driver's `Store` is one)."""
+
+    @property
+    def migrations_dir(self) -> Path: ...
+
+    def describe(self) -> str: ...
+
+    def exists(self) -> bool: ...
+
+    def applied_migrations(self) -> dict[int, AppliedMigration]: ...
+
+
 # The databases (as described, migrations folder) this process found migrated.
 _passed: set[tuple[str, Path]] = set()
 
@@ -152,7 +162,7 @@ def _known(directory: Path) -> list[Migration]:
     return discover(directory)
 
 
-def require_migrated(store: Store, directory: Path | None = None) -> None:
+def require_migrated(store: Migrated, directory: Path | None = None) -> None:
     """Refuse a database behind this code's migrations (DatabaseNotMigrated,
     naming `flask db upgrade`) or with another history (MigrationError); let
     one ahead of it through, logging a WARNING that names what it does not know.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, current_app, request
+from flask import Blueprint, Flask, Response, current_app, request
 from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
 
@@ -16,9 +16,10 @@ from mealquest.auth import (
     refuse_token,
     require_token,
 )
-from mealquest.errors import conflict, not_found
+from mealquest.errors import conflict, error_response, not_found
 from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
+from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
@@ -35,6 +36,19 @@ from mealquest.pagination import decode_cursor, paginate
 from mealquest.read_cache import ReadCache
 
 bp = Blueprint("jobs", __name__, url_prefix="/jobs")
+
+
+@bp.app_errorhandler(TooManyJobs)
+def _too_many_jobs(error: TooManyJobs) -> tuple[Response, int]:
+    """429 `too_many_jobs`, from any route that enqueues: the household is at
+    its quota of queued and running jobs; `Retry-After` is about when one of
+    them will have finished."""
+    response, status = error_response(
+        429, "too_many_jobs", "the household has too many jobs queued or running; try again later"
+    )
+    response.headers["Retry-After"] = str(error.retry_after)
+    return response, status
+
 
 # The document's path schema; the view checks the same pattern directly (a
 # schema validation per request cost 25 times the regex on the hottest route).
@@ -59,7 +73,9 @@ _Answer = tuple[Household | None, bytes | None]
 
 @bp.record_once
 def _keep_answers(state: BlueprintSetupState) -> None:
-    state.app.extensions[_ANSWERS_KEY] = ReadCache(get_store(state.app), ANSWERS_KEPT)
+    app = state.app
+    assert isinstance(app, Flask)
+    app.extensions[_ANSWERS_KEY] = ReadCache(get_store(app), ANSWERS_KEPT)
 
 
 @bp.get("/<job_id>")
@@ -82,7 +98,7 @@ def get_job(job_id: str) -> ResponseReturnValue:
         if refused is not None:
             return refused
         raise not_found("job not found")
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     answers: ReadCache[tuple[str, str], _Answer] = app.extensions[_ANSWERS_KEY]
     household, body = answers.get((job_id, header), lambda: _read_answer(job_id), _small)
     if household is None:
@@ -90,7 +106,8 @@ def get_job(job_id: str) -> ResponseReturnValue:
     authenticated_as(household)
     if body is None:
         raise not_found("job not found")
-    return app.response_class(body, mimetype=app.json.mimetype)
+    answer: Response = app.response_class(body, mimetype="application/json")
+    return answer
 
 
 def _small(answer: _Answer) -> bool:
@@ -106,7 +123,9 @@ def _read_answer(job_id: str) -> _Answer:
     household, job = found
     if job is None:
         return household, None
-    return household, current_app.json.response(dump_job(job)).get_data()
+    response = current_app.json.response(dump_job(job))
+    assert isinstance(response, Response)
+    return household, response.get_data()
 
 
 @bp.get("")
@@ -124,7 +143,8 @@ def list_jobs() -> dict[str, Any]:
         limit=limit + 1,
     )
     page, cursor = paginate(jobs, limit, lambda job: job.seq)
-    return _list_schema.dump({"jobs": page, "next_cursor": cursor})
+    listed: dict[str, Any] = _list_schema.dump({"jobs": page, "next_cursor": cursor})
+    return listed
 
 
 @bp.post("/<job_id>/cancel")

@@ -228,7 +228,9 @@ def _restart_monkey_patched() -> None:
     Handlers may do blocking standard-library I/O (sockets, DNS, `time.sleep`),
     which is cooperative only in a monkey-patched process, and patching now,
     with Flask, ssl and threading already imported, would leave unpatched
-    locks behind (SPEC 3a). gevent's launcher patches before anything is
+    locks behind (a module-level `threading.Lock()` made before patching
+    stays a real OS lock, and a greenlet that waits on it blocks the whole
+    process). gevent's launcher patches before anything is
     imported, as gunicorn's gevent worker does before it loads the app.
     """
     if monkey.is_module_patched("socket") or not _run_from_flask_cli():

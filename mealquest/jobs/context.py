@@ -12,13 +12,19 @@ from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mealquest.db.driver import Store, Transaction
-from mealquest.jobs import enqueueing
 from mealquest.jobs.errors import LeaseLost
-from mealquest.jobs.registry import Kind, Registry
 from mealquest.model.jobs import DEFAULT_PRIORITY, Job, Lease, NewJob
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+# Validates a follow-up job of the household (`enqueueing.prepare` over the
+# process's registry): `prepare(kind, payload, household_id=..., ...)`.
+Prepare = Callable[..., NewJob]
+
+
+def _cannot_enqueue(*args: Any, **kwargs: Any) -> NewJob:
+    raise RuntimeError("this context cannot enqueue")
 
 
 class JobContext:
@@ -27,11 +33,11 @@ class JobContext:
     def __init__(
         self,
         store: Store,
-        kind: Kind,
         job: Job,
         lease: Lease,
         *,
-        registry: Registry | None = None,
+        encode_partial: Callable[[Any], str],
+        prepare: Prepare = _cannot_enqueue,
         is_cancelled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.job_id = job.id
@@ -46,9 +52,9 @@ class JobContext:
         self.follow_ups: list[NewJob] = []
         # A write of the handler's found the lease gone.
         self.lease_found_lost = False
-        self._kind = kind
         self._lease = lease
-        self._registry = registry
+        self._encode_partial = encode_partial
+        self._prepare = prepare
         self._is_cancelled = is_cancelled
 
     @property
@@ -83,10 +89,7 @@ class JobContext:
         chaining, not a household's request: the household's quota does not
         refuse them (a handler that fans out bounds its own fan-out).
         """
-        if self._registry is None:
-            raise RuntimeError("this context cannot enqueue")
-        job = enqueueing.prepare(
-            self._registry,
+        job = self._prepare(
             kind_name,
             payload,
             household_id=self.household_id,
@@ -100,7 +103,7 @@ class JobContext:
 
     def publish(self, partial: Any) -> None:
         """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
-        encoded = self._kind.encode_partial(partial)
+        encoded = self._encode_partial(partial)
         published = self.store.write(self.store.jobs.publish, self._lease, result=encoded)
         if not published:
             self.lease_found_lost = True

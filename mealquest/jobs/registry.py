@@ -108,7 +108,7 @@ def _has_collection_hooks(schema: Schema) -> bool:
     (`pass_collection=True`), which a `many=True` call would hand the list.
     Read from marshmallow's table of the schema's hooks: a table of another
     shape counts as having one."""
-    hooks = getattr(schema, "_hooks", None)
+    hooks: Any = getattr(schema, "_hooks", None)
     try:
         return any(collection for entries in hooks.values() for _, collection, _ in entries)
     except (AttributeError, TypeError, ValueError):

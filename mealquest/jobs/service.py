@@ -176,7 +176,7 @@ class JobService:
         transaction, once the driver has made the count hold until it
         commits (see `count_pending`)."""
         allowed = self.max_pending_per_household
-        pending = self.store.jobs.count_pending(tx, household_id, at_most=allowed + 1)
+        pending = self.store.jobs.count_pending(tx, household_id, allowed + 1)
         if pending > allowed:
             raise _AtQuota(household_id)
 

@@ -12,8 +12,7 @@ import sys
 from gunicorn.util import import_app
 
 from mealquest.config import ConfigError
-from mealquest.db import driver_errors, migrations
-from mealquest.db.errors import StoreError
+from mealquest.db import database_errors, migrations
 from mealquest.extensions import get_store
 from mealquest.serving import flask_app
 
@@ -35,7 +34,7 @@ def check_database(app_uri: str) -> int:
         return _refuse(f"refusing to start: {error}, then start gunicorn again")
     except migrations.MigrationError as error:
         return _refuse(f"refusing to start: the database {path} cannot be served: {error}")
-    except (StoreError, *driver_errors()) as error:
+    except database_errors() as error:
         return _refuse(f"refusing to start: {key}: the database {path} cannot be read: {error}")
     finally:
         store.close()

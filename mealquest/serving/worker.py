@@ -38,8 +38,7 @@ from typing import Any
 import gevent
 from gevent.greenlet import Greenlet
 
-from mealquest.db import driver_errors, migrations
-from mealquest.db.errors import StoreError
+from mealquest.db import database_errors, migrations
 from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_store
 from mealquest.jobs.runner.pool import Pool, StopReport
@@ -88,7 +87,7 @@ def start_worker(worker: Any) -> None:
         # Neither passes by itself: stop the server with one clear line.
         logger.error("refusing to serve: %s", error)
         sys.exit(_WORKER_BOOT_ERROR)
-    except (StoreError, *driver_errors()) as error:
+    except database_errors() as error:
         # Passing (a lock past the deadline, a server restarting): exit so the
         # master boots another worker. The boot-error status would stop the
         # whole server.

@@ -24,15 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gevent
 
+from mealquest.db.driver import Transaction
 from mealquest.db.errors import StoreError
-
-if TYPE_CHECKING:
-    from mealquest.db.driver import Transaction
-    from mealquest.db.postgresql.store import PostgresStore
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +42,15 @@ _RECONNECT_FIRST_SECONDS = 0.1
 _RECONNECT_MAX_SECONDS = 5.0
 
 
+# The store's `write`, for the trailing NOTIFY's transaction of its own.
+Write = Callable[[Callable[[Transaction], object]], object]
+
+
 class Notifier:
     """One process's rate limit on NOTIFY."""
 
-    def __init__(self, store: PostgresStore, interval: float = NOTIFY_INTERVAL_SECONDS) -> None:
-        self.store = store
+    def __init__(self, write: Write, interval: float = NOTIFY_INTERVAL_SECONDS) -> None:
+        self.write = write
         self.interval = interval
         self.sent = 0  # NOTIFY statements issued (in transactions that may roll back)
         self._last = -float("inf")
@@ -88,7 +90,7 @@ class Notifier:
             self._last = time.monotonic()
             self.sent += 1
         try:
-            self.store.write(lambda tx: tx.execute(f"NOTIFY {CHANNEL}"))
+            self.write(lambda tx: tx.execute(f"NOTIFY {CHANNEL}"))
         except StoreError:
             # Polling finds the job; nothing else depends on this wake-up.
             logger.warning("could not send the trailing job notification")
@@ -107,8 +109,9 @@ class Listener:
     listening are lost, so the reader must look for due jobs once.
     """
 
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
+    def __init__(self, url: str, connect_kwargs: Mapping[str, Any]) -> None:
+        self.url = url
+        self.connect_kwargs = dict(connect_kwargs)
         self.count = 0
         self.listening = False
         self._stopped = threading.Event()
@@ -131,7 +134,7 @@ class Listener:
         delay = _RECONNECT_FIRST_SECONDS
         while not self._stopped.is_set():
             try:
-                with psycopg.connect(self.store.url, **self.store.connect_kwargs()) as conn:
+                with psycopg.connect(self.url, **self.connect_kwargs) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.listening = True
                     self._changed()

@@ -19,7 +19,8 @@ def current_time(tx: Reads, now: datetime | None = None) -> datetime:
     """The database's "now" (`now` overrides it, for tests that stand at a given moment)."""
     if now is not None:
         return now
-    return tx.execute("SELECT now() AS now").fetchone()["now"]
+    moment: datetime = tx.execute("SELECT now() AS now").fetchone()["now"]
+    return moment
 
 
 def first_seen(tx: Transaction, *, kind: str, moment: datetime) -> datetime:
@@ -30,7 +31,8 @@ def first_seen(tx: Transaction, *, kind: str, moment: datetime) -> datetime:
         (kind, moment),
     )
     row = tx.execute("SELECT first_seen_at FROM periodic_kinds WHERE kind = %s", (kind,)).fetchone()
-    return row["first_seen_at"]
+    seen: datetime = row["first_seen_at"]
+    return seen
 
 
 def claim_slot(tx: Transaction, *, kind: str, slot_at: datetime) -> bool:

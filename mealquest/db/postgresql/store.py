@@ -1,4 +1,4 @@
-"""The PostgreSQL store: the SQLite `Store`'s surface over a pool of psycopg connections.
+"""The PostgreSQL driver's store: the contract's `Store` over a pool of psycopg connections.
 
 * `write(fn, ...)` runs `fn(tx, ...)` as one transaction on a connection of
   its own from the pool; `read(fn, ...)` runs `fn(conn, ...)` on one too
@@ -112,7 +112,7 @@ class PostgresStore:
         self.busy_timeout_seconds = float(busy_timeout_seconds)
         self.pool_size = int(pool_size)
         self.listen = listen
-        self.notifier = Notifier(self)
+        self.notifier = Notifier(self.write)
         quiet_driver_logs()
         self._pid = os.getpid()
         self._pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] | None = None
@@ -246,7 +246,9 @@ class PostgresStore:
         """Run `fn(tx, ...)` as one transaction: committed if it returns, rolled back if
         it raises."""
 
-        def transaction(conn: psycopg.Connection[dict[str, Any]]) -> tuple[T, list]:
+        def transaction(
+            conn: psycopg.Connection[dict[str, Any]],
+        ) -> tuple[T, list[Callable[[], None]]]:
             from psycopg.pq import TransactionStatus
 
             tx = PostgresTransaction(conn, self.notifier)
@@ -340,7 +342,7 @@ class PostgresStore:
         if self._listener is None:
             # Kept only once started: a kill between the two would leave a
             # listener that `close` cannot join.
-            listener = Listener(self)
+            listener = Listener(self.url, self.connect_kwargs())
             listener.start()
             self._listener = listener
         return self._listener.count

@@ -15,22 +15,24 @@ from mealquest.model.households import Household, UnknownHousehold, UnknownToken
 
 def insert_household(tx: Transaction, *, name: str) -> int:
     """A new household; its id."""
-    cursor = tx.execute(
-        "INSERT INTO households (name, created_at) VALUES (?, ?)", (name, to_text(utc_now()))
-    )
-    return int(cursor.lastrowid or 0)
+    row = tx.execute(
+        "INSERT INTO households (name, created_at) VALUES (?, ?) RETURNING id",
+        (name, to_text(utc_now())),
+    ).fetchone()
+    return int(row["id"])
 
 
 def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> int:
     """Store a token's digest for a household; the token's id."""
     try:
-        cursor = tx.execute(
-            "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?)",
+        row = tx.execute(
+            "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?) "
+            "RETURNING id",
             (household_id, token_sha256, to_text(utc_now())),
-        )
+        ).fetchone()
     except sqlite3.IntegrityError:
         raise UnknownHousehold() from None
-    return int(cursor.lastrowid or 0)
+    return int(row["id"])
 
 
 def create_household(tx: Transaction, *, name: str, token_sha256: str) -> tuple[int, int]:

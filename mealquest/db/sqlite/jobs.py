@@ -1,7 +1,8 @@
 """Every SQL statement of the job runner, as plain functions over a connection.
 
-Writes take a `Transaction` (they run inside `Store.write`, in the writer
-thread); reads take a `sqlite3.Connection` (they run inside `Store.read`).
+Writes take a `Transaction` (they run inside `SqliteStore.write`, in the
+writer thread); reads take what `Reads` names (they run inside
+`SqliteStore.read`, on the reader connection).
 Every write after the claim is fenced on the lease: the job must still be
 `running`, owned by this worker's boot id, at this attempt. A write that
 matches no row returns False and the caller treats the lease as lost. Every
@@ -625,7 +626,7 @@ def rescue_expired(
 
 def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
     sql = f"SELECT {_COLUMNS} FROM jobs WHERE id = ?"
-    params: tuple = (job_id,)
+    params: tuple[object, ...] = (job_id,)
     if household_id is not None:
         sql += " AND household_id = ?"
         params += (household_id,)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db import migrations
+from mealquest.db.driver import Reads
 from mealquest.db.migrations import (
     MIGRATIONS_ROOT,
     AppliedMigration,
@@ -88,14 +89,16 @@ def _open(path: str) -> sqlite3.Connection:
     return connect(path, synchronous="FULL", busy_timeout_ms=30_000, temp_in_memory=False)
 
 
-def applied(conn: sqlite3.Connection) -> dict[int, AppliedMigration]:
+def applied(conn: Reads) -> dict[int, AppliedMigration]:
     """The database's ledger rows by version (none before the first upgrade)."""
     exists = conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
     ).fetchone()
     if not exists:
         return {}
-    rows = conn.execute("SELECT version, name, checksum, applied_at FROM schema_migrations")
+    rows = conn.execute(
+        "SELECT version, name, checksum, applied_at FROM schema_migrations"
+    ).fetchall()
     return {
         row["version"]: AppliedMigration(row["name"], row["checksum"], row["applied_at"])
         for row in rows

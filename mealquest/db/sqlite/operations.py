@@ -27,7 +27,9 @@ def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
     now_text = to_text(moment)
     counts = {
         (row["kind"], row["status"]): row["count"]
-        for row in conn.execute("SELECT kind, status, count FROM job_counts WHERE count > 0")
+        for row in conn.execute(
+            "SELECT kind, status, count FROM job_counts WHERE count > 0"
+        ).fetchall()
     }
     oldest: dict[str, DueJob] = {}
     for kind in sorted({kind for kind, status in counts if status == Status.QUEUED}):
@@ -57,7 +59,7 @@ def kinds_of(conn: Reads, job_ids: Collection[str]) -> dict[str, str]:
     if not ids:
         return {}
     marks = ", ".join("?" for _ in ids)
-    rows = conn.execute(f"SELECT id, kind FROM jobs WHERE id IN ({marks})", ids)
+    rows = conn.execute(f"SELECT id, kind FROM jobs WHERE id IN ({marks})", ids).fetchall()
     return {row["id"]: row["kind"] for row in rows}
 
 

@@ -13,11 +13,11 @@ from mealquest.model.operators import Operator, OperatorListing, UnknownOperator
 
 def insert_operator(tx: Transaction, *, name: str, token_sha256: str) -> int:
     """A new operator; its id."""
-    cursor = tx.execute(
-        "INSERT INTO operators (name, token_sha256, created_at) VALUES (?, ?, ?)",
+    row = tx.execute(
+        "INSERT INTO operators (name, token_sha256, created_at) VALUES (?, ?, ?) RETURNING id",
         (name, token_sha256, to_text(utc_now())),
-    )
-    return int(cursor.lastrowid or 0)
+    ).fetchone()
+    return int(row["id"])
 
 
 def revoke_operator(tx: Transaction, operator_id: int) -> None:

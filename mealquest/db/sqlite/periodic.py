@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from mealquest.clock import from_text, to_text, utc_now
-from mealquest.db.driver import Transaction
+from mealquest.db.driver import Reads, Transaction
 
 
-def current_time(tx: Transaction, now: datetime | None = None) -> datetime:
+def current_time(tx: Reads, now: datetime | None = None) -> datetime:
     """The database's "now": on SQLite, the one machine's wall clock (`now`
     overrides it, for tests that stand at a given moment)."""
     return now if now is not None else utc_now()

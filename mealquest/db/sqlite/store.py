@@ -86,7 +86,7 @@ P = ParamSpec("P")
 
 # A read on the hub thread may hold the hub this long per try before retrying.
 _READ_BUSY_TIMEOUT_MS = 10
-# WAL checkpoints (see `Store._checkpoint_when_idle`): after this many writes,
+# WAL checkpoints (see `SqliteStore._checkpoint_when_idle`): after this many writes,
 # once the writer thread has had nothing to do for this long. A checkpoint
 # syncs the WAL and the database file (about 10 ms on a virtual disk), and a
 # write that arrives meanwhile waits for it: after a 2 ms pause, one write in
@@ -99,7 +99,7 @@ _CHECKPOINT_IDLE_SECONDS = 0.05
 # ...and SQLite's own checkpoint, in the COMMIT, only if the WAL reaches this
 # many pages without such a pause (SQLite's default is 1,000).
 _WAL_AUTOCHECKPOINT_PAGES = 4_000
-# A caller of `Store.write` waits this much past the write's deadline for its
+# A caller of `SqliteStore.write` waits this much past the write's deadline for its
 # answer (the function and the COMMIT run after the lock wait ends), then
 # gives up with StoreWriterUnresponsive. The thread does not start a COMMIT
 # later than half of it past the deadline, so a caller that gave up is not
@@ -128,11 +128,11 @@ class SqliteTransaction:
 
 @dataclass(slots=True)
 class _Write:
-    """One caller's `Store.write`, queued for the writer thread."""
+    """One caller's `SqliteStore.write`, queued for the writer thread."""
 
     fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     deadline: float
 
 
@@ -254,7 +254,8 @@ class SqliteStore:
             self._write_faults.ended()
         for callback in callbacks:
             callback()
-        return result
+        written: T = result
+        return written
 
     def check_writable(self) -> None:
         """Raise StoreUnavailable unless a write can commit now; cheap enough for /healthz.
@@ -397,7 +398,7 @@ class SqliteStore:
         return conn
 
     def _run_write(
-        self, fn: Callable[..., T], args: tuple, kwargs: dict, deadline: float
+        self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float
     ) -> tuple[T, list[Callable[[], None]]]:
         # Runs in the native writer thread: no gevent calls here.
         conn = self._begin(deadline)
@@ -526,7 +527,7 @@ class SqliteStore:
 
     def data_version(self) -> int:
         """SQLite's counter that changes when another connection commits (microseconds)."""
-        return self.read(lambda conn: conn.execute("PRAGMA data_version").fetchone()[0])
+        return self.read(_data_version)
 
     def change_marker(self) -> tuple[int, int]:
         """Equal to an earlier marker only if nothing has committed since it was
@@ -535,8 +536,8 @@ class SqliteStore:
         reader connection counted them."""
         return self.read(self._marker_of)
 
-    def _marker_of(self, conn: sqlite3.Connection) -> tuple[int, int]:
-        return self._readers_opened, conn.execute("PRAGMA data_version").fetchone()[0]
+    def _marker_of(self, conn: Reads, /) -> tuple[int, int]:
+        return self._readers_opened, _data_version(conn)
 
     def _reader(self) -> sqlite3.Connection:
         self._check_process()
@@ -587,12 +588,16 @@ class SqliteStore:
         self._close_reader_conn()
 
 
-def _take_write_lock(tx: SqliteTransaction) -> None:
+def _data_version(conn: Reads, /) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _take_write_lock(tx: Transaction, /) -> None:
     # BEGIN IMMEDIATE has taken the lock; the statement only completes the transaction.
     tx.execute("SELECT 1")
 
 
-def _rewrite_header(tx: SqliteTransaction) -> None:
+def _rewrite_header(tx: Transaction, /) -> None:
     # A real write that changes nothing: page 1 is rewritten, into the WAL.
     version = tx.execute("PRAGMA user_version").fetchone()[0]
     tx.execute(f"PRAGMA user_version = {int(version)}")

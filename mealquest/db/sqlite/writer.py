@@ -104,7 +104,8 @@ class WriterThread:
 
         Only from the native thread whose hub made this writer, as with gevent's
         ThreadPool: the result comes back through that hub."""
-        return self._call(fn, False, timeout)
+        result: T = self._call(fn, False, timeout)
+        return result
 
     def call_grouped(self, item: Any, timeout: float) -> Any:
         """Have `run_group` run `item`, with the grouped calls queued beside it;

@@ -126,7 +126,7 @@ class Completer:
             self._pending.append(pending)
             self._waiting.set()
             try:
-                recorded = _despite_late_kills(pending.recorded.get, pending.recorded.ready)
+                recorded: bool = _despite_late_kills(pending.recorded.get, pending.recorded.ready)
             except StoreBroken:
                 # No write will ever get through: the pool restarts the process.
                 logger.error("could not record the job's outcome: the store is broken", extra=extra)

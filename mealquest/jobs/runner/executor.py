@@ -9,6 +9,7 @@ runner's own interrupts, which a handler's `except Exception` cannot catch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from marshmallow import ValidationError
 
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreUnavailable
+from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.outcome import CANCELLED, Outcome, bounded_failure_message, failed
@@ -243,10 +245,10 @@ class Executor:
             return failed(MESSAGE_INTERNAL)
         context = JobContext(
             self.store,
-            kind,
             job,
             entry.lease,
-            registry=self.registry,
+            encode_partial=kind.encode_partial,
+            prepare=functools.partial(enqueueing.prepare, self.registry),
             is_cancelled=lambda: entry.cancelled_at is not None,
         )
         entry.context = context

@@ -31,7 +31,7 @@ _lookups: list[JobOf] = []
 _subscribed = False
 
 
-class BlockedHubMonitor(PeriodicMonitoringThread):
+class BlockedHubMonitor(PeriodicMonitoringThread):  # type: ignore[misc]  # gevent is untyped
     """gevent's monitor thread, reporting a blocked hub by its greenlet alone.
 
     gevent's own report holds the stack of every thread, read through

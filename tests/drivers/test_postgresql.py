@@ -1,0 +1,258 @@
+"""What only the PostgreSQL driver's statements must do: plans, time zones,
+and claims made at once by several processes that never wait on each other."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from mealquest.clock import to_text
+from mealquest.db.postgresql import households, jobs
+from mealquest.db.postgresql.store import PostgresStore
+from mealquest.db.postgresql.transaction import PostgresTransaction
+from mealquest.model.jobs import ClaimRequest, NewJob, OnInterrupt
+from tests.drivers.conftest import LEASE, claim, enqueue, get
+from tests.support.postgres import fresh_database, require_postgres_url
+
+
+@pytest.fixture
+def pg_url():
+    with fresh_database(require_postgres_url(), migrated=True) as url:
+        yield url
+
+
+@pytest.fixture
+def store(pg_url):
+    store = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=4, listen=False)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def household(store) -> int:
+    return store.write(households.create_household, name="Smiths", token_sha256="a" * 64)[0]
+
+
+def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(pg_url, household):
+    one_connection = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=1, listen=False)
+
+    def setting_of(conn):
+        return conn.execute("SELECT current_setting('plan_cache_mode') AS mode").fetchone()["mode"]
+
+    try:
+        before = one_connection.read(setting_of)
+        for _ in range(12):
+            enqueue(one_connection, household)
+            assert len(claim(one_connection, limit=1)) == 1
+
+        def plans_and_setting(conn):
+            plans = conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE '%%household_queues%%'"
+            ).fetchall()
+            return plans, setting_of(conn)
+
+        plans, setting = one_connection.read(plans_and_setting)
+    finally:
+        one_connection.close()
+    # psycopg prepares a statement after its fifth run: the runs after it reuse one plan.
+    assert len(plans) == 1
+    assert plans[0]["custom_plans"] == 0
+    assert plans[0]["generic_plans"] >= 7
+    # Set for the claim's transaction only, not for what the connection runs next.
+    assert setting == before != "force_generic_plan"
+
+
+@pytest.mark.parametrize(
+    ("zone", "due"),
+    [
+        ("America/New_York", datetime(1, 1, 1, 1, tzinfo=UTC)),
+        ("Asia/Tokyo", datetime(9999, 12, 31, 22, tzinfo=UTC)),
+    ],
+)
+def test_a_time_at_the_calendars_edge_reads_back_whatever_the_clients_time_zone(
+    pg_url, household, monkeypatch, zone, due
+):
+    # In a session of another zone, these would read as a year before 1 or
+    # after 9999, which no datetime holds: every read of the job, and every
+    # claim that takes it, would fail.
+    monkeypatch.setenv("PGTZ", zone)
+    zoned = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=1, listen=False)
+    try:
+        job_id = uuid.uuid4().hex
+        zoned.write(
+            jobs.insert_job,
+            NewJob(
+                job_id=job_id,
+                household_id=household,
+                kind="succeed",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+                run_at=due,
+            ),
+        )
+        assert zoned.read(jobs.get_job, job_id).run_at == to_text(due)
+    finally:
+        zoned.close()
+
+
+def test_claim_reads_the_database_clock_for_its_times(store, household):
+    enqueue(store, household)
+
+    def claim_and_read_now(tx):
+        claimed = jobs.claim(
+            tx, ClaimRequest(owner="w", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+        )
+        return claimed, tx.execute("SELECT now() AS now").fetchone()["now"]
+
+    [job], now = store.write(claim_and_read_now)
+
+    # The claim's own transaction time, to the microsecond: no host clock took part.
+    assert job.started_at == job.updated_at == to_text(now)
+    assert job.lease_expires_at == to_text(now + timedelta(seconds=LEASE))
+
+
+def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
+    store, pg_url, household
+):
+    queued = {enqueue(store, household) for _ in range(4)}
+    first = raw_transaction(store, pg_url)
+    second = raw_transaction(store, pg_url)
+    try:
+        mine = jobs.claim(
+            first, ClaimRequest(owner="a", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
+        # The household's row is the first claim's until it commits: the
+        # second skips the household rather than wait (its statement_timeout
+        # would fail it), and takes nothing.
+        assert (
+            jobs.claim(
+                second, ClaimRequest(owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+            )
+            == []
+        )
+        first.conn.execute("COMMIT")
+        theirs = jobs.claim(
+            second, ClaimRequest(owner="b", lease_seconds=LEASE, limit=10, kinds=["succeed"])
+        )
+        second.conn.execute("COMMIT")
+    finally:
+        first.conn.close()
+        second.conn.close()
+
+    assert len(mine) == 2
+    assert len(theirs) == 2
+    assert {job.id for job in mine} | {job.id for job in theirs} == queued
+    assert {get(store, job.id).lease_owner for job in mine} == {"a"}
+    assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
+
+
+def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store, pg_url, household):
+    """Several processes claim at once: each claim skips the households the
+    others hold and takes the next ones in turn, so they work side by side."""
+    others = [
+        store.write(households.create_household, name=name, token_sha256=digest * 64)[0]
+        for name, digest in (("Joneses", "b"), ("Lees", "c"))
+    ]
+    in_turn = [household, *others]
+    for owner in in_turn:
+        enqueue(store, owner)
+        enqueue(store, owner)
+    claims = [raw_transaction(store, pg_url) for _ in in_turn]
+    try:
+        taken = [
+            jobs.claim(
+                tx, ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=1, kinds=["succeed"])
+            )
+            for n, tx in enumerate(claims)
+        ]
+        for tx in claims:
+            tx.conn.execute("COMMIT")
+    finally:
+        for tx in claims:
+            tx.conn.close()
+
+    assert [[job.household_id for job in batch] for batch in taken] == [[h] for h in in_turn]
+
+
+def test_a_claim_never_deadlocks_with_a_transaction_holding_a_household_it_wants(
+    store, pg_url, household
+):
+    """A completer's transaction re-queues (or enqueues a follow-up) for one
+    household, locking its queue row, then claims; meanwhile another claim
+    holds a second household's row. Waiting for each other would deadlock."""
+    other = store.write(households.create_household, name="Joneses", token_sha256="b" * 64)[0]
+    enqueue(store, household)
+    enqueue(store, other)
+    completer = raw_transaction(store, pg_url)
+    producer = raw_transaction(store, pg_url)
+    try:
+        # The completer's follow-up for `other` locks that household's row.
+        jobs.insert_job(
+            completer,
+            NewJob(
+                job_id=uuid.uuid4().hex,
+                household_id=other,
+                kind="succeed",
+                payload="{}",
+                max_attempts=1,
+                on_interrupt=OnInterrupt.FAIL,
+            ),
+        )
+        # The producer's claim takes `household` and skips `other` at once.
+        taken = jobs.claim(
+            producer, ClaimRequest(owner="p", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
+        # The completer's claim skips `household`, the producer's now, and
+        # takes from its own: neither waits, so neither can deadlock.
+        its_own = jobs.claim(
+            completer, ClaimRequest(owner="c", lease_seconds=LEASE, limit=2, kinds=["succeed"])
+        )
+        producer.conn.execute("COMMIT")
+        completer.conn.execute("COMMIT")
+    finally:
+        completer.conn.close()
+        producer.conn.close()
+
+    assert {job.household_id for job in taken} == {household}
+    assert {job.household_id for job in its_own} == {other}
+    assert len(its_own) == 2
+
+
+def lock_waits(store) -> int:
+    return store.read(
+        lambda conn: conn.execute(
+            # A row lock's waiter waits on the holder's transaction id, a
+            # lock of no database: the claim's own connection is named instead.
+            "SELECT count(*) AS n FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        ).fetchone()["n"]
+    )
+
+
+def raw_transaction(store, url):
+    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+    conn.execute("SET statement_timeout = '5s'")
+    conn.execute("BEGIN")
+    return PostgresTransaction(conn, store.notifier)
+
+
+def test_the_schema_refuses_a_recipe_list_that_is_not_a_json_array(store, household):
+    def insert(tx, ingredients):
+        tx.execute(
+            "INSERT INTO recipes (id, household_id, title, ingredients, instructions, "
+            "source_url, created_at, updated_at) "
+            "VALUES (%s, %s, 't', %s, '[]', 'https://x.test', now(), now())",
+            (uuid.uuid4().hex, household, ingredients),
+        )
+
+    for bad in ('{"a": 1}', "not json"):
+        with pytest.raises(psycopg.DataError if bad == "not json" else psycopg.IntegrityError):
+            store.write(insert, bad)
+    store.write(insert, json.dumps(["ok"]))
