@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -12,7 +13,9 @@ import pytest
 from marshmallow import Schema, ValidationError, fields
 
 from mealquest.clock import to_text, utc_now
+from mealquest.db.errors import StoreUnavailable
 from mealquest.extensions import get_store
+from mealquest.jobs import enqueueing
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
 from mealquest.jobs.outcome import MAX_FAILURE_MESSAGE
 from mealquest.jobs.registry import KindOptions, Registry
@@ -113,6 +116,59 @@ def idle_pool(jobs, household, workers: int):
     wait_for(lambda: final(jobs, warm_up))
     wait_for(lambda: pool.slots.free() == workers and not pool.slots.claims_in_flight())
     return pool
+
+
+@pytest.mark.sqlite_only  # the writer thread's group commit makes the outcome unknown at will
+def test_a_claim_whose_answer_is_lost_puts_its_jobs_back_at_once(make_app, household, logs):
+    # A write's caller gives up at its deadline plus a margin, and the write
+    # may still commit: here the claim shares a transaction with a write
+    # queued behind it that holds the writer thread past the claim's answer.
+    # Its job must go back at once, not run nowhere until its lease expires
+    # (a lease far beyond the test's deadline).
+    app = make_app(
+        JOB_WORKERS=1,
+        JOB_POLL_SECONDS=60.0,
+        JOB_CHANGE_CHECK_SECONDS=60.0,
+        JOB_LEASE_SECONDS=600.0,
+    )
+    jobs, store = get_jobs(app), get_store(app)
+    pool = idle_pool(jobs, household, 1)
+    holding, release_holder = threading.Event(), threading.Event()
+    slow_started, release_slow = threading.Event(), threading.Event()
+
+    def hold(tx):
+        holding.set()
+        release_holder.wait(30)  # natively, in the writer thread
+
+    def slow(tx):
+        slow_started.set()
+        release_slow.wait(30)
+
+    # Queued without waking the pool: only the test's wake below claims it.
+    job = enqueueing.prepare(
+        jobs.registry, "succeed", {"value": 8}, household_id=household.household_id
+    )
+    store.write(store.jobs.insert_job, job)
+    holder = gevent.spawn(store.write, hold)
+    wait_for(holding.is_set)
+    pool.wake()
+    wait_for(pool.slots.claims_in_flight)  # the claim is queued behind the holder
+    behind = gevent.spawn(store.write, slow)  # and this behind the claim, in its group
+    gevent.sleep(0)
+    release_holder.set()
+    holder.get(timeout=10)
+    wait_for(slow_started.is_set)
+    # The claim ran and waits for its group's COMMIT; its caller gives up.
+    wait_for(lambda: not pool.slots.claims_in_flight(), timeout=30)
+    release_slow.set()
+    with pytest.raises(StoreUnavailable):
+        behind.get(timeout=10)  # past its own deadline: rolled back alone
+
+    done = wait_for(lambda: final(jobs, job.job_id), timeout=20)
+    assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
+    assert any(
+        "put back 1 jobs of a claim whose answer was lost" in r.getMessage() for r in logs.records
+    )
 
 
 def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(

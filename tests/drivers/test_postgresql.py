@@ -12,6 +12,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from mealquest.clock import to_text
+from mealquest.db.errors import WriteOutcomeUnknown
 from mealquest.db.postgresql import households, jobs
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.postgresql.transaction import PostgresTransaction
@@ -256,3 +257,18 @@ def test_the_schema_refuses_a_recipe_list_that_is_not_a_json_array(store, househ
         with pytest.raises(psycopg.DataError if bad == "not json" else psycopg.IntegrityError):
             store.write(insert, bad)
     store.write(insert, json.dumps(["ok"]))
+
+
+def test_a_commit_whose_answer_is_lost_is_a_write_of_unknown_outcome(store, pg_url):
+    # Whether the server committed is unknown to a client whose connection
+    # broke while its COMMIT was sent: callers must be told so (the runner
+    # then puts back what such a claim may have taken), not "nothing written".
+    def lose_the_answer(tx):
+        pid = tx.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    with pytest.raises(WriteOutcomeUnknown):
+        store.write(lose_the_answer)
+    # The pool replaced the connection: the store writes again.
+    assert store.write(lambda tx: tx.execute("SELECT 1 AS one").fetchone()["one"]) == 1

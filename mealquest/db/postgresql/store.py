@@ -44,7 +44,12 @@ from mealquest.db.driver import (
     RetentionStatements,
     Transaction,
 )
-from mealquest.db.errors import StoreError, StoreUnavailable, StoreUsedAcrossFork
+from mealquest.db.errors import (
+    StoreError,
+    StoreUnavailable,
+    StoreUsedAcrossFork,
+    WriteOutcomeUnknown,
+)
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.postgresql import (
     households,
@@ -249,6 +254,7 @@ class PostgresStore:
         def transaction(
             conn: psycopg.Connection[dict[str, Any]],
         ) -> tuple[T, list[Callable[[], None]]]:
+            import psycopg
             from psycopg.pq import TransactionStatus
 
             tx = PostgresTransaction(conn, self.notifier)
@@ -257,7 +263,13 @@ class PostgresStore:
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 # `fn` caught a failed statement: COMMIT would silently roll back.
                 raise StoreError("a statement failed inside the transaction; it was rolled back")
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except psycopg.Error as error:
+                if is_unavailable(error):
+                    # The COMMIT was sent and its answer lost: it may have committed.
+                    raise WriteOutcomeUnknown() from None
+                raise
             return result, tx.after_commit_callbacks
 
         result, callbacks = self._with_connection(transaction)

@@ -22,7 +22,7 @@ import gevent
 from gevent.event import AsyncResult, Event
 
 from mealquest.db.driver import JobStatements, Store, Transaction
-from mealquest.db.errors import StoreBroken, StoreUnavailable
+from mealquest.db.errors import StoreBroken, StoreUnavailable, WriteOutcomeUnknown
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.outcome import Outcome
 from mealquest.jobs.runner.running import Running
@@ -98,12 +98,15 @@ class Completer:
         slots: Slots,
         next_claim: NextClaim,
         hand_out: HandOut,
+        claim_lost: Callable[[str], None],
         wake: Callable[[], None],
     ) -> None:
         self.store = store
         self.slots = slots
         self._next_claim = next_claim
         self._hand_out = hand_out
+        # The producer puts back what a claim of unknown outcome took.
+        self._claim_lost = claim_lost
         # Tells the producer that follow-up jobs were enqueued.
         self._wake = wake
         self._pending: list[_Pending] = []
@@ -180,6 +183,8 @@ class Completer:
             try:
                 recorded, jobs = self.store.write(_write_batch, self.store.jobs, batch, claim)
             except StoreUnavailable as error:
+                if claim is not None and isinstance(error, WriteOutcomeUnknown):
+                    self._claim_lost(claim.owner)
                 # The database, not one outcome: splitting would only wait again per job.
                 for pending in batch:
                     pending.recorded.set_exception(error)

@@ -107,6 +107,7 @@ class Pool:
             self.slots,
             next_claim=lambda limit, finishing: self.producer.next_claim(limit, finishing),
             hand_out=lambda jobs, claimed_at: self.producer.hand_out(jobs, claimed_at),
+            claim_lost=lambda owner: self.producer.claim_lost(owner),
             wake=self.wake,
         )
         self.executor = Executor(store, registry, self.settings, self.slots, self.completer.record)

@@ -20,10 +20,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import gevent
 from gevent.event import Event
 
-from mealquest.db.driver import Store, Transaction
-from mealquest.db.errors import StoreUnavailable
+from mealquest.db.driver import JobStatements, Store, Transaction
+from mealquest.db.errors import StoreBroken, StoreUnavailable, WriteOutcomeUnknown
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
@@ -34,6 +35,11 @@ logger = logging.getLogger(__name__)
 # Starts claimed jobs, each in a slot of its own; the monotonic time their
 # leases are known to last until (the executor's `start`).
 Start = Callable[[list[Job], float], None]
+
+# A lost claim's put-back, when the database refuses it for a while, is
+# tried again after this, doubling.
+_PUT_BACK_RETRY_FIRST_SECONDS = 0.1
+_PUT_BACK_RETRY_MAX_SECONDS = 5.0
 
 
 class Producer:
@@ -78,7 +84,8 @@ class Producer:
                 jobs = self.claim(free)
             except StoreUnavailable:
                 logger.warning("database unavailable; claiming again after the poll interval")
-                self.stopping.wait(self.settings.poll_seconds)
+                # Sooner if woken (an enqueue here, or a lost claim put back).
+                self._wake.wait(self.settings.poll_seconds)
                 continue
             except Exception:
                 logger.exception("claiming jobs failed; trying again after the poll interval")
@@ -92,7 +99,11 @@ class Producer:
         claimed_at = time.monotonic()
         request = self.claim_request(limit)
         with self.slots.reserving(limit, request.kind_limits):
-            jobs = self.store.write(self.store.jobs.claim, request)
+            try:
+                jobs = self.store.write(self.store.jobs.claim, request)
+            except WriteOutcomeUnknown:
+                self.claim_lost(request.owner)
+                raise
             self.hand_out(jobs, claimed_at)
         return jobs
 
@@ -134,6 +145,34 @@ class Producer:
             return
         self.start(jobs, claimed_at + self.settings.lease_seconds)
 
+    def claim_lost(self, owner: str) -> None:
+        """A claim's write (by its fencing `owner`) may have committed without
+        its answer reaching this process: whatever it claimed runs nowhere.
+        Put it back now, as if never claimed, rather than leave it running
+        until its lease expires (and its rescue counts an interruption)."""
+        gevent.spawn(self._put_back, owner)
+
+    def _put_back(self, owner: str) -> None:
+        delay = _PUT_BACK_RETRY_FIRST_SECONDS
+        while True:
+            try:
+                put = self.store.write(_put_back, self.store.jobs, owner)
+            except StoreBroken:
+                logger.error("could not put back a lost claim's jobs: the store is broken")
+                return
+            except StoreUnavailable:
+                # Until the database answers again; the jobs' leases are the backstop.
+                gevent.sleep(delay)
+                delay = min(delay * 2, _PUT_BACK_RETRY_MAX_SECONDS)
+                continue
+            except Exception:
+                logger.exception("could not put back a lost claim's jobs; leases will expire")
+                return
+            if put:
+                logger.warning("put back %d jobs of a claim whose answer was lost", put)
+                self.wake()
+            return
+
     def _unclaim(self, jobs: list[Job]) -> None:
         changes = [Transition(job.lease, to=Status.QUEUED, attempt=Attempt.REFUND) for job in jobs]
 
@@ -170,3 +209,13 @@ class Producer:
         except Exception:
             logger.exception("checking for new jobs failed; waiting for the poll")
             self._wake.wait(max(deadline - time.monotonic(), 0))
+
+
+def _put_back(tx: Transaction, jobs: JobStatements, owner: str) -> int:
+    """Queue again, attempt refunded, the running jobs of the claim `owner`."""
+    changes = [
+        Transition(lease, to=Status.QUEUED, attempt=Attempt.REFUND)
+        for lease in jobs.leases_of(tx, owner)
+    ]
+    jobs.transition_many(tx, changes)
+    return len(changes)
