@@ -39,6 +39,7 @@ import gevent
 from gevent.greenlet import Greenlet
 
 from mealquest.db import database_errors, migrations
+from mealquest.db.driver import Store
 from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_store
 from mealquest.jobs.runner.pool import Pool, StopReport
@@ -54,6 +55,9 @@ _KILL_GRACE_SHARE = 0.2
 STOP_MARGIN_SECONDS = 1.0
 # How often the watcher looks at `worker.alive` (a Python attribute: no I/O).
 _WATCH_SECONDS = 0.1
+# How often a web-only worker looks whether its store can still write (an
+# attribute: no I/O).
+_STORE_WATCH_SECONDS = 1.0
 # gunicorn's Arbiter.WORKER_BOOT_ERROR: a worker exiting with it stops the master.
 _WORKER_BOOT_ERROR = 3
 # Any other failing status: the master replaces the worker.
@@ -79,8 +83,10 @@ def start_worker(worker: Any) -> None:
     try:
         migrations.require_migrated(get_store(app))
         if not app.config["JOB_POOL_IN_WEB"]:
-            # Web-only: jobs run in `flask jobs work` processes.
+            # Web-only: jobs run in `flask jobs work` processes. No pool's
+            # watchdog looks at the store here, so this worker watches it.
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
+            gevent.spawn(_watch_store, worker, get_store(app))
             return
         pool = get_jobs(app).start_pool(on_fatal=_stop_serving(worker))
     except (migrations.MigrationError, BlockingPsycopg) as error:
@@ -95,6 +101,19 @@ def start_worker(worker: Any) -> None:
         sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
     gevent.spawn(_watch, worker)
+
+
+def _watch_store(worker: Any, store: Store) -> None:
+    """A web-only worker whose store can never write again (SQLite's writer
+    thread died) would answer 503 to every write until it is restarted: it
+    stops serving, as a pool that cannot go on makes it, and the master
+    boots a replacement."""
+    while worker.alive:
+        if store.broken:
+            logger.error("the store can no longer write; restarting this web worker")
+            worker.alive = False
+            return
+        gevent.sleep(_STORE_WATCH_SECONDS)
 
 
 def _stop_serving(worker: Any) -> Callable[[str], None]:
