@@ -22,6 +22,7 @@ from mealquest.model.jobs import ClaimRequest, OnInterrupt, Status, Transition
 from tests.conftest import wait_for
 from tests.support import sql, transitions
 from tests.support.processes import flask_jobs_work, process_group, wait_working
+from tests.support.rescue import rescue_all
 
 pytestmark = pytest.mark.both_databases
 
@@ -209,7 +210,7 @@ def test_the_fenced_writes_honour_a_cancel_request(store, jobs, household):
         store.jobs.transition, Transition(leases[ids[1]], to=Status.QUEUED, delay_seconds=0)
     )
     recovered = store.write(store.jobs.interrupt, [leases[ids[2]]])
-    expired = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(seconds=120))
+    expired = rescue_all(store, now=utc_now() + timedelta(seconds=120))
 
     assert recovered.cancelled == (ids[2],)
     assert expired.cancelled == (ids[3],)

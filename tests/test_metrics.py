@@ -11,13 +11,13 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from mealquest.config import ConfigError
-from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.metrics import standalone
 from mealquest.model.jobs import Status
 from mealquest.operators import create_operator, revoke_operator
 from mealquest.queue_stats import CachedFigures
 from tests.conftest import wait_for
 from tests.support import sql
+from tests.support.rescue import rescue_all
 
 pytestmark = pytest.mark.both_databases
 
@@ -181,7 +181,7 @@ def test_a_rescue_counts_the_jobs_it_takes_back(client, store, jobs, household, 
         "lease_expires_at = created_at WHERE id = ?",
         (job_id,),
     )
-    recovered = Rescuer(store).run_once()
+    recovered = rescue_all(store)
     assert recovered.failed == (job_id,)
     after = scrape(client, operator)
     assert (

@@ -20,7 +20,6 @@ from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, Unknown
 from mealquest.jobs.outcome import MAX_FAILURE_MESSAGE
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner.pool import Pool
-from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.service import get_jobs
 from mealquest.model.jobs import (
@@ -36,6 +35,7 @@ from mealquest.model.jobs import (
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET, ValueSchema, succeed
+from tests.support.rescue import rescue_all, watched_rescuer
 
 pytestmark = pytest.mark.both_databases
 
@@ -527,8 +527,10 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     now = utc_now()
     claimed = claim(store, owner="dead-worker", limit=10, now=now)
     assert {job.id for job in claimed} == {once, retried}
-    rescuer = Rescuer(store)
-    assert rescuer.run_once(now + timedelta(seconds=29)) == Recovered()
+    rescuer = watched_rescuer(store, lease_seconds=30.0)
+    assert rescuer.run_once(now + timedelta(seconds=31)) == Recovered()  # not watched yet
+    rescuer.clock.advance(30.0)
+    assert rescuer.run_once(now + timedelta(seconds=29)) == Recovered()  # not expired yet
     recovered = rescuer.run_once(now + timedelta(seconds=31))
     assert recovered == Recovered(requeued=(retried,), failed=(once,))
     assert (jobs.get(once).status, jobs.get(once).error) == (
@@ -721,7 +723,7 @@ def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(
     pool = jobs.start_pool()
     wait_for(lambda: gates.arrivals("g") == 1)
     # Another process's rescuer takes the job back (its view: the lease expired).
-    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
+    recovered = rescue_all(store, now=utc_now() + timedelta(hours=1))
     assert recovered.failed == (job_id,)
     # The heartbeat finds the lease gone and stops the handler before the gate opens.
     wait_for(lambda: pool.active_jobs() == [])
@@ -739,10 +741,15 @@ def test_heartbeat_renews_leases_of_running_jobs(make_app, household, gates):
     jobs.start_pool()
     wait_for(lambda: gates.arrivals("g") == 1)
     first = datetime.fromisoformat(jobs.get(job_id).lease_expires_at)
+    # Another process's rescuer watches it from here, and a whole lease of its
+    # clock goes by: renewed meanwhile, the lease is not taken.
+    rescuer = watched_rescuer(get_store(app), lease_seconds=1.0)
+    assert rescuer.run_once() == Recovered()
+    rescuer.clock.advance(1.0)
     # Renewed past the end of its first 1 s lease, and never rescued meanwhile.
     beyond = to_text(first + timedelta(seconds=1))
     wait_for(lambda: jobs.get(job_id).lease_expires_at > beyond)
-    assert Rescuer(get_store(app)).run_once() == Recovered()
+    assert rescuer.run_once() == Recovered()
     gates.open("g")
     job = wait_for(lambda: final(jobs, job_id))
     assert (job.status, job.attempt) == (Status.SUCCEEDED, 1)
@@ -778,11 +785,13 @@ def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household, gate
     first = datetime.fromisoformat(jobs.get(job_id).lease_expires_at)
     beyond = to_text(first + timedelta(seconds=1.2))
     stopping = gevent.spawn(pool.stop, 60)
-    rescuer = Rescuer(store)
+    rescuer = watched_rescuer(store, lease_seconds=0.6)
 
     def renewed_past_two_leases() -> bool:
-        # Another process's rescuer keeps looking while the stopping pool waits.
+        # Another process's rescuer keeps looking while the stopping pool
+        # waits, a whole lease of its clock between looks.
         assert rescuer.run_once() == Recovered()
+        rescuer.clock.advance(0.6)
         return jobs.get(job_id).lease_expires_at > beyond
 
     wait_for(renewed_past_two_leases, interval=0.05)
@@ -815,7 +824,7 @@ def test_a_rescued_job_keeps_its_place_in_the_queue(jobs, store, household):
     rescued = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
     claim(store, owner="dead", limit=1, lease_seconds=0)
     later = jobs.enqueue("flaky", {"fail_times": 0}, household_id=household.household_id)
-    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(seconds=1))
+    recovered = rescue_all(store, now=utc_now() + timedelta(seconds=1))
     assert recovered.requeued == (rescued,)
     claimed = claim(store, owner="a", limit=1)
     # Its attempt was refunded: the process died, not the job.

@@ -7,6 +7,7 @@ pool runs in the test's process), never on a sleep.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sqlite3
 import sys
@@ -25,10 +26,10 @@ from marshmallow import Schema, fields, post_load
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.sqlite import migrate
+from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.registry import Backoff, KindOptions
-from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.jobs.service import JobService, get_jobs
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
@@ -39,9 +40,10 @@ from mealquest.model.jobs import (
     Status,
     Transition,
 )
-from tests.conftest import wait_for
+from tests.conftest import FAST_POOL, wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, ValueSchema
+from tests.support.rescue import Ticks, rescue_all, watched_rescuer
 from tests.test_store import Fatal, checkpoint_soon, sabotage_checkpoint
 
 pytestmark = pytest.mark.both_databases
@@ -368,7 +370,49 @@ def test_a_process_never_rescues_its_own_live_handlers_job(hostile, household, l
     job_id = enqueue(jobs, "held", household, gate="g")
     pool = jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
+    # Watched past a whole lease, expired by the database's clock: still
+    # not taken from its live handler.
+    pool.rescuer.clock = ticks = Ticks()
     assert pool.rescue_once(utc_now() + timedelta(hours=1)) == Recovered()
+    ticks.advance(3600)
+    assert pool.rescue_once(utc_now() + timedelta(hours=1)) == Recovered()
+    latches.open("g")
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    assert job.attempt == 1
+
+
+def test_a_rescuer_whose_clock_runs_ahead_takes_no_lease_its_owner_renews(
+    hostile, household, latches
+):
+    # SQLite's leases are judged by a host's wall clock, which NTP may step:
+    # to a rescuer ten minutes ahead, every lease has expired. It takes only
+    # what it has itself read unrenewed for a whole lease of its own clock.
+    jobs = hostile()
+    store = jobs.store
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: latches.seen("start", "g"))
+    # A lease nobody renews: a claim of a dead process, of a kind no pool here runs.
+    elsewhere = enqueueing.prepare(
+        jobs.registry, "held", {"gate": "x"}, household_id=household.household_id
+    )
+    store.write(store.jobs.insert_job, dataclasses.replace(elsewhere, kind="elsewhere"))
+    dead = store.write(
+        store.jobs.claim,
+        ClaimRequest(owner="dead-worker", lease_seconds=0, limit=1, kinds=("elsewhere",)),
+    )
+    lease = FAST_POOL["JOB_LEASE_SECONDS"]
+    ahead = utc_now() + timedelta(minutes=10)
+    rescuer = watched_rescuer(store, lease_seconds=lease)
+    recovered = Recovered()
+    for _ in range(3):
+        before = jobs.get(job_id).lease_expires_at
+        recovered += rescuer.run_once(ahead)
+        rescuer.clock.advance(lease)
+        wait_for(lambda before=before: jobs.get(job_id).lease_expires_at != before)
+    recovered += rescuer.run_once(ahead)
+    # The dead claim's lease, unrenewed all along, is the only one it took.
+    assert recovered == Recovered(requeued=tuple(job.id for job in dead))
     latches.open("g")
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert job.attempt == 1
@@ -383,7 +427,7 @@ def test_a_job_another_process_took_starts_again_only_once_its_old_handler_died(
     jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
     # Another process, whose clock runs an hour ahead, takes the job back.
-    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
+    recovered = rescue_all(store, now=utc_now() + timedelta(hours=1))
     assert recovered.requeued == (job_id,)
     wait_for(lambda: len(latches.seen("start", "g")) == 2)
     first_stop = latches.log.index(("stopped by LeaseLost", "g", 1))
@@ -415,7 +459,7 @@ def test_a_handlers_write_that_finds_its_lease_gone_ends_the_attempt_unrecorded(
     job_id = enqueue(jobs, kind, household, gate="g")
     pool = jobs.start_pool()
     wait_for(lambda: latches.seen("start", "g"))
-    recovered = store.write(store.jobs.rescue_expired, now=utc_now() + timedelta(hours=1))
+    recovered = rescue_all(store, now=utc_now() + timedelta(hours=1))
     assert recovered.failed == (job_id,)
     latches.open("g")
     wait_for(lambda: pool.active_jobs() == [])
@@ -564,17 +608,16 @@ def test_an_interrupted_requeue_job_keeps_its_attempt_and_fails_at_the_third_in_
     jobs = hostile()
     store = jobs.store
     job_id = enqueue(jobs, "held", household, gate="g")
-    rescuer = Rescuer(store)
     for interruption in range(1, MAX_INTERRUPTIONS):
         now = utc_now()
         assert [job.attempt for job in claim_all(store, f"dead-{interruption}", now)] == [1]
         later = now + timedelta(seconds=1)
-        assert rescuer.run_once(later) == Recovered(requeued=(job_id,))
+        assert rescue_all(store, later) == Recovered(requeued=(job_id,))
         job = jobs.get(job_id)
         assert (job.status, job.attempt, job.interruptions) == (Status.QUEUED, 0, interruption)
     now = utc_now()
     claim_all(store, "dead-last", now)
-    assert rescuer.run_once(now + timedelta(seconds=1)) == Recovered(failed=(job_id,))
+    assert rescue_all(store, now + timedelta(seconds=1)) == Recovered(failed=(job_id,))
     job = jobs.get(job_id)
     assert (job.status, job.error, job.attempt, job.interruptions) == (
         Status.FAILED,
@@ -590,7 +633,7 @@ def test_an_attempt_that_ends_otherwise_resets_the_interruptions_in_a_row(hostil
     job_id = enqueue(jobs, "held", household, gate="g")
     now = utc_now()
     claim_all(store, "dead", now)
-    Rescuer(store).run_once(now + timedelta(seconds=1))
+    rescue_all(store, now + timedelta(seconds=1))
     [claimed] = claim_all(store, "live", utc_now())
     assert store.write(store.jobs.transition, Transition(claimed.lease, to=Status.QUEUED))
     job = jobs.get(job_id)
@@ -607,7 +650,7 @@ def test_a_kind_of_one_attempt_fails_at_its_first_interruption_unless_it_says_re
     assert jobs.get(enqueue(jobs, "held", household, gate="g")).on_interrupt == OnInterrupt.REQUEUE
     now = utc_now()
     claim_all(store, "dead", now)
-    recovered = Rescuer(store).run_once(now + timedelta(seconds=1))
+    recovered = rescue_all(store, now + timedelta(seconds=1))
     assert once in recovered.failed
     assert KindOptions(on_interrupt=OnInterrupt.REQUEUE).interrupt_policy == OnInterrupt.REQUEUE
     assert (

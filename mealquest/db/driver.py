@@ -23,7 +23,16 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.model.households import Household
-from mealquest.model.jobs import ClaimRequest, Job, Lease, NewJob, Recovered, Status, Transition
+from mealquest.model.jobs import (
+    ClaimRequest,
+    HeldLease,
+    Job,
+    Lease,
+    NewJob,
+    Recovered,
+    Status,
+    Transition,
+)
 from mealquest.model.operators import Operator, OperatorListing
 from mealquest.model.queue import QueueFigures
 from mealquest.model.recipes import ParsedRecipe, Recipe
@@ -152,15 +161,16 @@ class JobStatements(Protocol):
         """Record jobs a stopping worker cut short (fenced), as their `on_interrupt` says."""
         ...
 
-    def rescue_expired(
-        self,
-        tx: Transaction,
-        /,
-        *,
-        keep: Collection[Lease] = (),
-        now: datetime | None = None,
+    def running_leases(self, conn: Reads, /) -> list[HeldLease]:
+        """The lease of every running job, as the database holds it now."""
+        ...
+
+    def rescue_unrenewed(
+        self, tx: Transaction, held: Sequence[HeldLease], /, *, now: datetime | None = None
     ) -> Recovered:
-        """Interrupt every running job whose lease expired, but `keep`."""
+        """Interrupt each of `held` whose lease nobody renewed since it was read
+        and that expired by the database's clock (or `now`), as the rows'
+        `on_interrupt` says."""
         ...
 
     def get_job(self, conn: Reads, job_id: str, household_id: int | None = None, /) -> Job | None:

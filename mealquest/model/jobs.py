@@ -115,6 +115,16 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class HeldLease:
+    """A running job's lease as the database holds it now: `expires_at` (as
+    stored, fixed-width UTC text) changes at every renewal, so a rescuer that
+    reads the same value again knows nobody renewed the lease in between."""
+
+    lease: Lease
+    expires_at: str
+
+
+@dataclass(frozen=True)
 class Transition:
     """One running job's move out of `running`, fenced on its lease: what
     `transition` takes, as a value, so a batch of them can be one statement."""

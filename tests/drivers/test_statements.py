@@ -17,6 +17,7 @@ from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
     Attempt,
+    HeldLease,
     Lease,
     OnInterrupt,
     Recovered,
@@ -299,27 +300,47 @@ def test_a_fail_job_fails_at_its_first_interruption(store, household):
     assert failed.result == {"partial": 1}  # what it had published stays
 
 
-def test_rescue_takes_back_expired_leases_except_those_kept(store, household):
+def test_running_leases_are_read_as_the_database_holds_them(store, household):
+    job = claimed_job(store, household)
+    other = claimed_job(store, household)
+    enqueue(store, household)  # queued: no lease
+
+    held = store.read(store.jobs.running_leases)
+
+    assert {entry.lease for entry in held} == {job.lease, other.lease}
+    mine = next(entry for entry in held if entry.lease == job.lease)
+    assert mine.expires_at == job.lease_expires_at
+    store.write(store.jobs.renew_leases, [job.lease], lease_seconds=600)
+    renewed = next(e for e in store.read(store.jobs.running_leases) if e.lease == job.lease)
+    assert renewed.expires_at > mine.expires_at
+
+
+def test_rescue_takes_back_expired_leases_still_as_they_were_read(store, household):
     requeue = claimed_job(store, household, max_attempts=2, on_interrupt=OnInterrupt.REQUEUE)
     fail = claimed_job(store, household, on_interrupt=OnInterrupt.FAIL)
-    kept = claimed_job(store, household, on_interrupt=OnInterrupt.FAIL)
+    renewed = claimed_job(store, household, on_interrupt=OnInterrupt.FAIL)
+    held = store.read(store.jobs.running_leases)
 
     # Leases are still live now: nothing to rescue.
-    assert store.write(store.jobs.rescue_expired) == Recovered()
+    assert store.write(store.jobs.rescue_unrenewed, held) == Recovered()
+    assert store.write(store.jobs.rescue_unrenewed, []) == Recovered()
 
-    past_the_leases = db_now(store) + timedelta(seconds=LEASE + 1)
-    recovered = store.write(store.jobs.rescue_expired, keep=[kept.lease], now=past_the_leases)
+    # Renewed since it was read: its owner lives, whatever the clock says.
+    store.write(store.jobs.renew_leases, [renewed.lease], lease_seconds=LEASE)
+    past_the_leases = db_now(store) + timedelta(seconds=LEASE * 3)
+    recovered = store.write(store.jobs.rescue_unrenewed, held, now=past_the_leases)
 
     assert recovered == Recovered(requeued=(requeue.id,), failed=(fail.id,))
     assert get(store, requeue.id).status is Status.QUEUED
     assert get(store, fail.id).error == MESSAGE_INTERRUPTED
-    assert get(store, kept.id).status is Status.RUNNING
-    # The kept job's lease is another attempt's once it is re-claimed: keep
-    # fences on the attempt too.
-    stale_keep = Lease(kept.id, kept.lease_owner, kept.attempt + 1)
-    assert store.write(
-        store.jobs.rescue_expired, keep=[stale_keep], now=past_the_leases
-    ) == Recovered(failed=(kept.id,))
+    assert get(store, renewed.id).status is Status.RUNNING
+    # A lease of another attempt of the job is another lease.
+    [again] = [e for e in store.read(store.jobs.running_leases) if e.lease.job_id == renewed.id]
+    stale = HeldLease(Lease(renewed.id, renewed.lease_owner, renewed.attempt + 1), again.expires_at)
+    assert store.write(store.jobs.rescue_unrenewed, [stale], now=past_the_leases) == Recovered()
+    assert store.write(store.jobs.rescue_unrenewed, [again], now=past_the_leases) == Recovered(
+        failed=(renewed.id,)
+    )
 
 
 # -- polling reads ----------------------------------------------------------------------------

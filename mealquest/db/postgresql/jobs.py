@@ -32,6 +32,7 @@ from mealquest.model.jobs import (
     MESSAGE_INTERRUPTED,
     Attempt,
     ClaimRequest,
+    HeldLease,
     Job,
     Lease,
     NewJob,
@@ -673,19 +674,38 @@ def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
     return _recovered(rows)
 
 
-def rescue_expired(
-    tx: Transaction, *, keep: Collection[Lease] = (), now: datetime | None = None
+def running_leases(conn: Reads) -> list[HeldLease]:
+    """The lease of every running job, as stored now."""
+    rows = conn.execute(
+        "SELECT id, lease_owner, attempt, lease_expires_at FROM jobs WHERE status = 'running'"
+    ).fetchall()
+    return [
+        HeldLease(
+            Lease(row["id"], row["lease_owner"], row["attempt"]), to_text(row["lease_expires_at"])
+        )
+        for row in rows
+    ]
+
+
+def rescue_unrenewed(
+    tx: Transaction, held: Sequence[HeldLease], *, now: datetime | None = None
 ) -> Recovered:
-    """Interrupt every running job whose lease expired, whoever held it, except
-    `keep`: the caller's own jobs whose handlers are still alive (their process
-    deals with them; re-queueing them would start a second attempt beside the
-    live one)."""
+    """Interrupt each of `held` whose lease is still as it was read (nobody
+    renewed it since) and expired by the database's clock (or `now`)."""
+    if not held:
+        return Recovered()
     rows = tx.execute(
-        f"UPDATE jobs SET {_INTERRUPT} WHERE status = 'running' "
-        f"AND lease_expires_at < {_NOW} "
-        f"AND NOT EXISTS (SELECT 1 FROM {_LEASES} WHERE {_FENCE_ON_LEASES}) "
+        f"UPDATE jobs SET {_INTERRUPT} FROM unnest(%(ids)s::text[], %(owners)s::text[], "
+        "%(attempts)s::integer[], %(expiries)s::timestamptz[]) "
+        f"AS lease(id, owner, attempt, expires_at) WHERE {_FENCE_ON_LEASES} "
+        f"AND jobs.lease_expires_at = lease.expires_at AND jobs.lease_expires_at < {_NOW} "
         "RETURNING jobs.id, jobs.status",
-        {"interrupted": MESSAGE_INTERRUPTED, "now": now, **_lease_arrays(keep)},
+        {
+            "interrupted": MESSAGE_INTERRUPTED,
+            "now": now,
+            "expiries": [entry.expires_at for entry in held],
+            **_lease_arrays(entry.lease for entry in held),
+        },
     ).fetchall()
     return _recovered(rows)
 

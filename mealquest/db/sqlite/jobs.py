@@ -8,7 +8,7 @@ Every write after the claim is fenced on the lease: the job must still be
 matches no row returns False and the caller treats the lease as lost. Every
 state change a worker makes goes through `transition` (or `transition_many`,
 its batch); interruptions (a stop that cut a job short, or an expired lease)
-through `interrupt` and `rescue_expired`, which apply the row's
+through `interrupt` and `rescue_unrenewed`, which apply the row's
 `on_interrupt` policy in SQL.
 """
 
@@ -28,6 +28,7 @@ from mealquest.model.jobs import (
     MESSAGE_INTERRUPTED,
     Attempt,
     ClaimRequest,
+    HeldLease,
     Job,
     Lease,
     NewJob,
@@ -600,28 +601,31 @@ def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
     return recovered
 
 
-def rescue_expired(
-    tx: Transaction, *, keep: Collection[Lease] = (), now: datetime | None = None
+def running_leases(conn: Reads) -> list[HeldLease]:
+    """The lease of every running job, as stored now (index `jobs_running`)."""
+    rows = conn.execute(
+        "SELECT id, lease_owner, attempt, lease_expires_at FROM jobs WHERE status = 'running'"
+    ).fetchall()
+    return [
+        HeldLease(Lease(row["id"], row["lease_owner"], row["attempt"]), row["lease_expires_at"])
+        for row in rows
+    ]
+
+
+def rescue_unrenewed(
+    tx: Transaction, held: Sequence[HeldLease], *, now: datetime | None = None
 ) -> Recovered:
-    """Interrupt every running job whose lease expired before `now`, whoever held it,
-    except `keep`: the caller's own jobs whose handlers are still alive (their
-    process deals with them; re-queueing them would start a second attempt
-    beside the live one)."""
-    condition = "lease_expires_at < :now"
-    params: dict[str, object] = {"now": _text(now)}
-    for index, lease in enumerate(keep):
-        condition += (
-            f" AND NOT (id = :keep_id{index} AND lease_owner = :keep_owner{index} "
-            f"AND attempt = :keep_attempt{index})"
+    """Interrupt each of `held` whose lease is still as it was read (nobody
+    renewed it since) and expired before `now` (None: the wall clock)."""
+    recovered = Recovered()
+    moment = _text(now)
+    for entry in held:
+        recovered += _interrupt(
+            tx,
+            f"{_FENCE} AND lease_expires_at = :expires_at AND lease_expires_at < :now",
+            {"now": moment, "expires_at": entry.expires_at, **_fence(entry.lease)},
         )
-        params.update(
-            {
-                f"keep_id{index}": lease.job_id,
-                f"keep_owner{index}": lease.owner,
-                f"keep_attempt{index}": lease.attempt,
-            }
-        )
-    return _interrupt(tx, condition, params)
+    return recovered
 
 
 def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:

@@ -114,7 +114,9 @@ class Pool:
         self.producer = Producer(
             store, registry, self.settings, self.owner, self.slots, self.executor.start
         )
-        self.rescuer = Rescuer(store, keep=lambda: [e.lease for e in self.slots.alive()])
+        self.rescuer = Rescuer(
+            store, self.settings.lease_seconds, keep=lambda: [e.lease for e in self.slots.alive()]
+        )
         self.heartbeat = Heartbeat(
             store, self.settings, self.slots, self.executor.take, self.executor.cancel
         )
@@ -150,6 +152,7 @@ class Pool:
         self._started = True
         self.registry.close()
         try:
+            # The first look: what it reads starts being watched for renewals.
             self.rescuer.run_once()
         except Exception:
             logger.exception("rescue at pool start failed; the periodic rescue will retry")
