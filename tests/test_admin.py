@@ -17,7 +17,8 @@ from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 SECRET_KEY = "test-secret-key-" + "k" * 32
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

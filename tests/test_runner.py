@@ -24,7 +24,8 @@ from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET, ValueSchema, succeed
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 TEST_KINDS = ("succeed", "flaky", "sleep", "sleep_retried", "publish_then_finish")
 
