@@ -18,9 +18,15 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": None,
     # PostgreSQL: connections each process's pool may open (plus one listener).
     "PG_POOL_SIZE": 10,
-    # PostgreSQL: wake idle pools with LISTEN/NOTIFY (polling always runs); off
-    # behind PgBouncer in transaction mode, which cannot hold a LISTEN.
-    "PG_LISTEN": True,
+    # PostgreSQL: wake idle pools with LISTEN/NOTIFY (polling always runs).
+    # None: on, unless PG_POOLER is "transaction" (which cannot hold a LISTEN).
+    "PG_LISTEN": None,
+    # PostgreSQL: what stands between the service and the server. "none": the
+    # server itself (or a pooler that keeps a server connection per client);
+    # "transaction": a pooler that hands out a server connection per
+    # transaction (PgBouncer's pool_mode = transaction), so nothing may outlive
+    # one: no prepared statements, no LISTEN, settings made per transaction.
+    "PG_POOLER": "none",
     # PRAGMA synchronous for every connection: NORMAL (WAL: an OS crash or power
     # loss may lose the last commits, never corrupt) or FULL (every commit durable).
     "DB_SYNCHRONOUS": "NORMAL",

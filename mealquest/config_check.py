@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from mealquest.db import DatabaseURLError, check_url
+from mealquest.db.postgresql.store import POOLERS
 from mealquest.recipes.addresses import AddressPolicy
 from mealquest.store import SYNCHRONOUS_MODES
 
@@ -105,6 +106,12 @@ def flag(value: Any) -> bool:
     raise _Invalid("must be true or false")
 
 
+def pooler(value: Any) -> str:
+    if not isinstance(value, str) or value.strip().lower() not in POOLERS:
+        raise _Invalid(f"must be one of {', '.join(POOLERS)}")
+    return value.strip().lower()
+
+
 def file_path(value: Any) -> str | None:
     # None (or empty): the default file in the instance folder.
     if value is None or value == "":
@@ -163,7 +170,9 @@ RULES: dict[str, Rule] = {
     "DATABASE": file_path,
     "DATABASE_URL": database_url,
     "PG_POOL_SIZE": whole(1),
-    "PG_LISTEN": flag,
+    "PG_LISTEN": derived(flag),
+    # A choice of lower-case words, as the README writes them.
+    "PG_POOLER": pooler,
     "DB_SYNCHRONOUS": one_of(*SYNCHRONOUS_MODES),
     "DB_BUSY_TIMEOUT_SECONDS": positive,
     "JOB_WORKERS": whole(1),
@@ -229,6 +238,15 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         )
     if values["JOB_RESCUE_SECONDS"] is None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    # A transaction pooler gives a LISTEN's server connection to other clients.
+    through_transaction_pooler = values["PG_POOLER"] == "transaction"
+    if values["PG_LISTEN"] is None:
+        values["PG_LISTEN"] = not through_transaction_pooler
+    elif values["PG_LISTEN"] and through_transaction_pooler:
+        raise ConfigError(
+            f"{ENV_PREFIX}PG_LISTEN: must be off (or unset) with "
+            f"{ENV_PREFIX}PG_POOLER=transaction: a transaction pooler cannot hold a LISTEN"
+        )
     if values["DASHBOARD"] and values["SECRET_KEY"] is None:
         raise ConfigError(
             f"{ENV_PREFIX}SECRET_KEY: must be set ({MIN_SECRET_KEY_LENGTH} characters or more) "
