@@ -578,6 +578,12 @@ class Store:
         return operators
 
     @cached_property
+    def sessions(self) -> ModuleType:
+        from mealquest.db.sqlite import sessions
+
+        return sessions
+
+    @cached_property
     def operations(self) -> ModuleType:
         from mealquest.db.sqlite import operations
 

@@ -4,8 +4,9 @@ A driver is a store with its SQL: `mealquest.store.Store` for SQLite (the
 embedded default) and `mealquest.db.postgresql.store.PostgresStore` for
 PostgreSQL (several hosts, one database). The runner, the API, the CLI,
 households, recipes and health call only what `Store` lists here, and each
-driver's `jobs`, `households`, `recipes`, `operators` and `operations`
-modules have the same functions with the same meaning; a conformance suite runs them against both.
+driver's `jobs`, `households`, `recipes`, `operators`, `sessions` and
+`operations` modules have the same functions with the same meaning; a
+conformance suite runs them against both.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class Store(Protocol):
     @property
     def operators(self) -> ModuleType:
         """Operators (who watch and steer the queue) and the digests of their tokens."""
+
+    @property
+    def sessions(self) -> ModuleType:
+        """The dashboard's sign-ins, kept on the server by the digest of their id."""
 
     @property
     def operations(self) -> ModuleType:

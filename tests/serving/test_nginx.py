@@ -104,7 +104,7 @@ def test_nginx_answers_json_when_gunicorn_is_down(start_nginx):
     assert answer.headers["X-Request-ID"]
 
 
-def test_over_tls_the_dashboard_cookie_is_secure_and_http_only_redirects(
+def test_over_tls_the_dashboard_cookie_is_secure_sign_out_ends_it_and_http_redirects(
     served, start_gunicorn, start_nginx
 ):
     operator = create_operator(served.store, "Ada")
@@ -149,6 +149,31 @@ def test_over_tls_the_dashboard_cookie_is_secure_and_http_only_redirects(
     )
     assert overview.status == 200
     assert b"Queue overview" in overview.body
+
+    # Signing out ends the session on the server: the cookie, copied before,
+    # opens nothing after (from any worker). The page's form came with the
+    # CSRF secret in a new cookie, which the browser keeps in place of the first.
+    first, cookie = cookie, cookie_of(overview, "mealquest_admin")
+    signed_out = http(
+        "POST",
+        f"{nginx.url}/admin/sign-out",
+        body=urlencode({"csrf_token": _CSRF.search(overview.body.decode()).group(1)}).encode(),
+        headers={
+            **browser,
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"mealquest_admin={cookie.value}",
+            "Referer": f"https://{TEST_HOST}/admin/",
+        },
+    )
+    assert signed_out.status == 303, signed_out.body
+    for copy in (first, cookie):
+        replayed = http(
+            "GET",
+            f"{nginx.url}/admin/",
+            headers={**browser, "Cookie": f"mealquest_admin={copy.value}"},
+        )
+        assert replayed.status == 302
+        assert replayed.headers["Location"] == "/admin/sign-in"
 
     # Plain HTTP answers only a redirect to the same place over HTTPS (port 443
     # as shipped), for any method, and reaches no worker.

@@ -200,6 +200,12 @@ class PostgresStore:
         return operators
 
     @cached_property
+    def sessions(self) -> ModuleType:
+        from mealquest.db.postgresql import sessions
+
+        return sessions
+
+    @cached_property
     def operations(self) -> ModuleType:
         from mealquest.db.postgresql import operations
 

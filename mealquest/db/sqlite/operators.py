@@ -46,10 +46,3 @@ def operator_for_token_digest(conn: sqlite3.Connection, token_sha256: str) -> Op
         (token_sha256,),
     ).fetchone()
     return Operator(row["id"], row["name"]) if row else None
-
-
-def live_operator(conn: sqlite3.Connection, operator_id: int) -> Operator | None:
-    row = conn.execute(
-        "SELECT id, name FROM operators WHERE id = ? AND revoked_at IS NULL", (operator_id,)
-    ).fetchone()
-    return Operator(row["id"], row["name"]) if row else None
