@@ -23,8 +23,7 @@ from tests.conftest import wait_for
 from tests.support import sql, transitions
 from tests.support.processes import flask_jobs_work, process_group, wait_working
 
-# Also through PgBouncer in transaction mode (see tests/conftest.py).
-pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
+pytestmark = pytest.mark.both_databases
 
 # A cancelled handler that does not stop is killed this soon.
 QUICK_GRACE = {"JOB_KILL_GRACE_SECONDS": 0.3}

@@ -11,7 +11,7 @@ exists`, another statement run with these parameters; in the service, 500s.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -29,45 +29,53 @@ def pages() -> Iterator[PageServer]:
     server.stop()
 
 
+def at_once(count: int, request: Callable[[int], Answer]) -> dict[int, Answer]:
+    """`request(n)` for n in range(count), each from a thread of its own, all
+    let go together; the answers by n."""
+    start = threading.Barrier(count)
+    answers: dict[int, Answer] = {}
+
+    def send(number: int) -> None:
+        start.wait(timeout=60)
+        answers[number] = request(number)
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    return answers
+
+
 @pytest.mark.parametrize("database", ["pgbouncer"], indirect=True)
 def test_sixty_concurrent_imports_through_pgbouncer_all_succeed(served, start_gunicorn, pages):
     for number in range(IMPORTS):
         pages.page(f"/soup-{number}", recipe_page(title=f"Soup {number}"))
     server = start_gunicorn(workers=2, config={"ALLOW_PRIVATE_URLS": True})
-    start = threading.Barrier(IMPORTS)
-    posted: dict[int, Answer] = {}
-    polled: dict[int, Answer] = {}
 
-    def import_and_poll(number: int) -> None:
-        start.wait(timeout=60)
-        answer = http(
+    posted = at_once(
+        IMPORTS,
+        lambda n: http(
             "POST",
             f"{server.url}/api/v1/recipe-imports",
             token=served.token,
-            json_body={"url": pages.url(f"/soup-{number}")},
-        )
-        posted[number] = answer
-        if answer.status != 202:
-            return
-
-        def final() -> Answer | None:
-            poll = http("GET", f"{server.url}{answer.headers['Location']}", token=served.token)
-            done = poll.status != 200 or poll.json["status"] not in ("queued", "running")
-            return poll if done else None
-
-        polled[number] = wait_until(final, 90, f"import {number} did not finish", interval=0.1)
-
-    threads = [threading.Thread(target=import_and_poll, args=(n,)) for n in range(IMPORTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-
+            json_body={"url": pages.url(f"/soup-{n}")},
+        ),
+    )
     assert sorted({answer.status for answer in posted.values()}) == [202], posted
     assert len(posted) == IMPORTS
+
+    def all_final() -> bool:
+        statuses = sql.rows(served.store, "SELECT status FROM jobs")
+        return all(row["status"] not in ("queued", "running") for row in statuses)
+
+    wait_until(all_final, 120, "the imports did not all finish", interval=0.2)
+    polled = at_once(
+        IMPORTS,
+        lambda n: http("GET", f"{server.url}{posted[n].headers['Location']}", token=served.token),
+    )
     outcomes = {n: (poll.status, poll.json.get("status")) for n, poll in polled.items()}
-    assert set(outcomes.values()) == {(200, "succeeded")}, outcomes
-    assert len(outcomes) == IMPORTS
+    assert outcomes == {n: (200, "succeeded") for n in range(IMPORTS)}
     titles = {row["title"] for row in sql.rows(served.store, "SELECT title FROM recipes")}
     assert titles == {f"Soup {number}" for number in range(IMPORTS)}
     log = server.log()
