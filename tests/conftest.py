@@ -7,8 +7,7 @@ unless it is marked `sqlite_only` or reads the SQLite file itself (`db_path`).
 Such a test also runs on PostgreSQL through the test PgBouncer (transaction
 mode, the service set `MEALQUEST_PG_POOLER=transaction`) when it is marked
 `through_pgbouncer`, or when `MEALQUEST_TEST_PGBOUNCER_ALL=1` asks for every
-one of them to (`direct_postgresql_only` keeps a test of the server's own
-sessions off it).
+one of them to (all of them pass through it).
 """
 
 from __future__ import annotations
@@ -78,9 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "through_pgbouncer: run on PostgreSQL through PgBouncer too (both_databases)"
     )
-    config.addinivalue_line(
-        "markers", "direct_postgresql_only: a test of the server's sessions, never via PgBouncer"
-    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -96,11 +92,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         and node.get_closest_marker("sqlite_only") is None
         and "db_path" not in metafunc.fixturenames
     )
-    bouncer = (
-        both
-        and (PGBOUNCER_ALL or node.get_closest_marker("through_pgbouncer") is not None)
-        and node.get_closest_marker("direct_postgresql_only") is None
-    )
+    bouncer = both and (PGBOUNCER_ALL or node.get_closest_marker("through_pgbouncer") is not None)
     databases = DATABASES if bouncer else DATABASES[:2] if both else DATABASES[:1]
     metafunc.parametrize("database", databases, indirect=True)
 
