@@ -189,11 +189,11 @@ def test_claim_honours_the_limit_and_the_kinds(store, household):
     assert [job.id for job in claim(store, kinds=("succeed", "sleep"))] == [b, other]
 
 
+# Directly only: through a transaction pooler no statement is prepared.
+@pytest.mark.parametrize("route", ["postgresql"], indirect=True)
 def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(
-    make_store, route, household
+    make_store, household
 ):
-    if route == "pgbouncer":
-        pytest.skip("through a transaction pooler no statement is prepared")
     one_connection = make_store(pool_size=1)
 
     def setting_of(conn):
