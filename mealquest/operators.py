@@ -7,7 +7,7 @@ reverse, whichever side it is shown to. As with households, a token is 32
 random bytes shown once when it is made; the database keeps only its SHA-256
 digest, and lookups go by digest, which leaves no secret-dependent
 comparison to time. Each operator has one token: revoking the operator
-revokes it.
+revokes it, and ends the operator's dashboard sessions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from mealquest.db.driver import Store
+from mealquest.db.driver import Store, Transaction
 from mealquest.households import token_digest
 from mealquest.model.operators import Operator, OperatorError, OperatorListing
 from mealquest.storable import name_problem
@@ -45,8 +45,14 @@ def create_operator(store: Store, name: str) -> IssuedOperator:
 
 
 def revoke_operator(store: Store, operator_id: int) -> None:
-    """Revoke an operator (and so its token) at once; `UnknownOperator` if none is live."""
-    store.write(store.operators.revoke_operator, operator_id)
+    """Revoke an operator (and so its token and its dashboard sessions) at once;
+    `UnknownOperator` if none is live."""
+
+    def revoke(tx: Transaction) -> None:
+        store.operators.revoke_operator(tx, operator_id)
+        store.sessions.delete_operator_sessions(tx, operator_id)
+
+    store.write(revoke)
 
 
 def list_operators(store: Store) -> list[OperatorListing]:
@@ -58,8 +64,3 @@ def operator_for_token(store: Store, token: str) -> Operator | None:
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
     return store.read(store.operators.operator_for_token_digest, token_digest(token))
-
-
-def operator_by_id(store: Store, operator_id: int) -> Operator | None:
-    """The operator if still live (a signed-in session is checked on every request)."""
-    return store.read(store.operators.live_operator, operator_id)

@@ -4,11 +4,16 @@ private PostgreSQL server the test command starts as well.
 
 A test runs on both databases when its module is marked `both_databases`,
 unless it is marked `sqlite_only` or reads the SQLite file itself (`db_path`).
+Such a test also runs on PostgreSQL through the test PgBouncer (transaction
+mode, the service set `MEALQUEST_PG_POOLER=transaction`) when it is marked
+`through_pgbouncer`, or when `MEALQUEST_TEST_PGBOUNCER_ALL=1` asks for every
+one of them to (all of them pass through it).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,12 @@ from mealquest.households import IssuedToken, create_household
 from mealquest.jobs.service import JobService, get_jobs
 from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
-from tests.support.postgres import fresh_database, require_postgres_url
+from tests.support.postgres import (
+    fresh_database,
+    require_pgbouncer_url,
+    require_postgres_url,
+    through_pgbouncer,
+)
 from tests.support.sqlite_lock import LockHolder
 
 # Short times so tests wait on conditions for fractions of a second.
@@ -56,29 +66,46 @@ def wait_for(condition: Callable[[], Any], timeout: float = 30.0, interval: floa
         gevent.sleep(interval)
 
 
-DATABASES = ("sqlite", "postgresql")
+# "pgbouncer": the PostgreSQL database reached through PgBouncer in transaction mode.
+DATABASES = ("sqlite", "postgresql", "pgbouncer")
+# Every `both_databases` test through PgBouncer as well, not only the marked ones.
+PGBOUNCER_ALL = os.environ.get("MEALQUEST_TEST_PGBOUNCER_ALL") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "both_databases: run on SQLite and on PostgreSQL")
     config.addinivalue_line("markers", "sqlite_only: a test of SQLite itself, in such a module")
+    config.addinivalue_line(
+        "markers", "through_pgbouncer: run on PostgreSQL through PgBouncer too (both_databases)"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "database" not in metafunc.fixturenames:
         return
     node = metafunc.definition
+    for mark in node.iter_markers("parametrize"):
+        names = mark.args[0]
+        if "database" in (names.replace(" ", "").split(",") if isinstance(names, str) else names):
+            return  # the test names its databases itself
     both = (
         node.get_closest_marker("both_databases") is not None
         and node.get_closest_marker("sqlite_only") is None
         and "db_path" not in metafunc.fixturenames
     )
-    metafunc.parametrize("database", DATABASES if both else DATABASES[:1], indirect=True)
+    bouncer = both and (PGBOUNCER_ALL or node.get_closest_marker("through_pgbouncer") is not None)
+    databases = DATABASES if bouncer else DATABASES[:2] if both else DATABASES[:1]
+    metafunc.parametrize("database", databases, indirect=True)
 
 
 @pytest.fixture
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The test's migrated database, as the app's configuration names it."""
+    if request.param == "pgbouncer":
+        require_pgbouncer_url()
+        with fresh_database(require_postgres_url(), migrated=True) as url:
+            yield {"DATABASE_URL": through_pgbouncer(url), "PG_POOLER": "transaction"}
+        return
     if request.param == "postgresql":
         with fresh_database(require_postgres_url(), migrated=True) as url:
             yield {"DATABASE_URL": url}

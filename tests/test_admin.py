@@ -6,18 +6,20 @@ it in tests/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import hashlib
 import re
-import time
 
 import pytest
 
+from mealquest.admin.sessions import MAX_SESSIONS_PER_OPERATOR
 from mealquest.model.jobs import Status
 from mealquest.operators import create_operator, revoke_operator
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 SECRET_KEY = "test-secret-key-" + "k" * 32
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -153,14 +155,88 @@ def test_a_revoked_operator_is_signed_out_at_once(
     assert again.status_code == 401
 
 
-def test_an_expired_sign_in_is_refused(admin_app, admin_jobs, some_household, operator):
+def test_an_expired_sign_in_is_refused(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
     job_id = enqueue(admin_jobs, some_household)
     client, _ = signed_in(admin_app, operator.token)
     assert client.get("/admin/").status_code == 200
-    lifetime = admin_app.config["DASHBOARD_SESSION_HOURS"] * 3600
-    with client.session_transaction() as session:
-        session["signed_in_at"] = int(time.time() - lifetime - 1)
+    # Its time is up (as MEALQUEST_DASHBOARD_SESSION_HOURS after its sign-in).
+    sql.execute(admin_store, "UPDATE dashboard_sessions SET expires_at = created_at")
     assert_refused(client, job_id)
+
+
+def session_cookie(client):
+    return client.get_cookie("mealquest_admin", path="/admin").value
+
+
+def replayed(app, cookie):
+    """A new client (another browser, another machine) with a copied cookie."""
+    thief = app.test_client()
+    thief.set_cookie("mealquest_admin", cookie, path="/admin")
+    return thief
+
+
+def test_a_cookie_copied_before_sign_out_opens_nothing_after_it(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    job_id = enqueue(admin_jobs, some_household)
+    client, _ = signed_in(admin_app, operator.token)
+    copied = session_cookie(client)
+    assert replayed(admin_app, copied).get("/admin/").status_code == 200
+    assert post(client, "/admin/sign-out", "/admin/").status_code == 303
+    assert_refused(replayed(admin_app, copied), job_id)
+    assert sql.scalar(admin_store, "SELECT count(*) FROM dashboard_sessions") == 0
+
+
+def test_revoking_the_operator_ends_every_session_of_it(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    job_id = enqueue(admin_jobs, some_household)
+    other = create_operator(admin_store, "Grace")
+    copies = [session_cookie(signed_in(admin_app, operator.token)[0]) for _ in range(2)]
+    others = session_cookie(signed_in(admin_app, other.token)[0])
+    result = admin_app.test_cli_runner().invoke(
+        args=["operators", "revoke", str(operator.operator_id)]
+    )
+    assert result.exit_code == 0, result.output
+    for copied in copies:
+        assert_refused(replayed(admin_app, copied), job_id)
+    # Its rows went with it; another operator's session stays.
+    assert sql.scalar(admin_store, "SELECT count(*) FROM dashboard_sessions") == 1
+    assert replayed(admin_app, others).get("/admin/").status_code == 200
+
+
+def test_the_cookie_carries_a_random_session_id_stored_only_as_a_digest(
+    admin_app, admin_store, operator
+):
+    client, _ = signed_in(admin_app, operator.token)
+    with client.session_transaction("/admin/") as session:
+        values = dict(session)
+    # The signed cookie holds the session's id (and Flask-WTF's CSRF secret): no
+    # operator, no time, nothing a copy could be changed into.
+    assert set(values) <= {"session_id", "csrf_token"}
+    session_id = values["session_id"]
+    assert len(session_id) >= 40
+    [row] = sql.rows(admin_store, "SELECT * FROM dashboard_sessions")
+    assert row["id_sha256"] == hashlib.sha256(session_id.encode()).hexdigest()
+    assert row["operator_id"] == operator.operator_id
+    assert session_id not in str(row)
+
+
+def test_a_sign_in_cleans_expired_sessions_and_keeps_a_bounded_number(
+    admin_app, admin_store, operator
+):
+    signed_in(admin_app, operator.token)
+    sql.execute(admin_store, "UPDATE dashboard_sessions SET expires_at = created_at")
+    signed_in(admin_app, operator.token)
+    assert sql.scalar(admin_store, "SELECT count(*) FROM dashboard_sessions") == 1
+    for _ in range(MAX_SESSIONS_PER_OPERATOR + 3):
+        signed_in(admin_app, operator.token)
+    assert (
+        sql.scalar(admin_store, "SELECT count(*) FROM dashboard_sessions")
+        == MAX_SESSIONS_PER_OPERATOR
+    )
 
 
 def test_a_forged_session_cookie_is_refused(admin_app, admin_jobs, some_household, operator):

@@ -74,6 +74,8 @@ def build(tmp_path, **config):
             "must be below MEALQUEST_JOB_LEASE_SECONDS (60), or unset to renew every third "
             "of the lease (got 60)",
         ),
+        ("PG_POOLER", "session", 'must be one of none, transaction (got "session")'),
+        ("PG_LISTEN", "sometimes", 'must be true or false (got "sometimes")'),
     ],
 )
 def test_a_bad_value_is_one_line_naming_its_variable(tmp_path, key, value, message):
@@ -133,6 +135,22 @@ def test_the_heartbeat_and_rescue_follow_the_lease_unless_set(tmp_path):
         build(tmp_path, JOB_LEASE_SECONDS=6, JOB_HEARTBEAT_SECONDS=1, JOB_RESCUE_SECONDS=5)
     ).settings
     assert (chosen.heartbeat_seconds, chosen.rescue_seconds) == (1.0, 5.0)
+
+
+def test_listen_follows_the_pooler_unless_set(tmp_path):
+    assert build(tmp_path).config["PG_LISTEN"] is True
+    bounced = build(tmp_path, PG_POOLER="Transaction").config
+    assert (bounced["PG_POOLER"], bounced["PG_LISTEN"]) == ("transaction", False)
+    assert build(tmp_path, PG_POOLER="none", PG_LISTEN=False).config["PG_LISTEN"] is False
+
+
+def test_listen_through_a_transaction_pooler_is_one_line_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        build(tmp_path, PG_POOLER="transaction", PG_LISTEN=True)
+    assert str(raised.value) == (
+        "MEALQUEST_PG_LISTEN: must be off (or unset) with MEALQUEST_PG_POOLER=transaction: "
+        "a transaction pooler cannot hold a LISTEN"
+    )
 
 
 # -- the real commands, as an operator runs them ---------------------------------------------

@@ -37,7 +37,8 @@ from tests.support import sql
 from tests.support.kinds import SECRET, ValueSchema, succeed
 from tests.support.rescue import rescue_all, watched_rescuer
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 TEST_KINDS = ("succeed", "flaky", "sleep", "sleep_retried", "publish_then_finish")
 

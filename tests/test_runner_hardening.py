@@ -46,7 +46,8 @@ from tests.support.kinds import EmptySchema, ValueSchema
 from tests.support.rescue import Ticks, rescue_all, watched_rescuer
 from tests.test_store import Fatal, checkpoint_soon, sabotage_checkpoint
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 QUICK_RETRY = Backoff(base_seconds=0.01, factor=1.0, max_seconds=0.01, jitter=0.0)
 

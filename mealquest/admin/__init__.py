@@ -3,7 +3,8 @@ steer the queue, behind an operator's sign-in.
 
 On only with `MEALQUEST_DASHBOARD` (`check_config` then requires
 `MEALQUEST_SECRET_KEY`, which signs the session cookie and the CSRF tokens).
-The session cookie is scoped to `/admin`, HttpOnly, SameSite=Strict, and
+The session cookie carries only the id of a session the server holds
+(`sessions`); it is scoped to `/admin`, HttpOnly, SameSite=Strict, and
 Secure whenever the request came over TLS (directly, or through a proxy the
 app trusts: `MEALQUEST_PROXY_FIX_HOPS`). Every form carries a CSRF token
 (Flask-WTF), checked on the dashboard's POSTs only: the bearer-token API

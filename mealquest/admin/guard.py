@@ -1,49 +1,44 @@
-"""Who may use the dashboard: an operator signed in through the session
-cookie, still live, within the session's lifetime; and a valid CSRF token on
-every POST."""
+"""Who may use the dashboard: an operator signed in through a session the
+server still holds (see `sessions`: not signed out, not expired, its operator
+not revoked); and a valid CSRF token on every POST."""
 
 from __future__ import annotations
-
-import time
 
 from flask import Response, current_app, g, redirect, render_template, request, session, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError, CSRFProtect
 
+from mealquest.admin import sessions
 from mealquest.extensions import get_store
 from mealquest.model.operators import Operator
-from mealquest.operators import operator_by_id
 
 csrf = CSRFProtect()
 
-OPERATOR_KEY = "operator_id"
-SIGNED_IN_AT_KEY = "signed_in_at"
+# The signed cookie's only value of ours (Flask-WTF keeps its CSRF secret there too).
+SESSION_ID_KEY = "session_id"
 # Pages anyone may fetch: the sign-in form (it still checks CSRF on POST).
 PUBLIC_ENDPOINTS = frozenset({"admin.sign_in"})
 
 
 def sign_in(operator: Operator) -> None:
-    """A fresh session for the operator (any earlier session's values, the CSRF
-    secret included, are dropped)."""
-    session.clear()
-    session[OPERATOR_KEY] = operator.id
-    session[SIGNED_IN_AT_KEY] = int(time.time())
+    """A fresh session for the operator (the cookie's earlier session ends, and its
+    values, the CSRF secret included, are dropped)."""
+    sign_out()
+    lifetime = current_app.permanent_session_lifetime.total_seconds()
+    session[SESSION_ID_KEY] = sessions.start_session(get_store(), operator.id, lifetime)
 
 
 def sign_out() -> None:
+    """End the cookie's session on the server (every copy of the cookie with it)."""
+    session_id = session.get(SESSION_ID_KEY)
+    if isinstance(session_id, str):
+        sessions.end_session(get_store(), session_id)
     session.clear()
 
 
 def session_operator() -> Operator | None:
-    """The session's operator if still live and signed in within the lifetime."""
-    operator_id = session.get(OPERATOR_KEY)
-    signed_in_at = session.get(SIGNED_IN_AT_KEY)
-    if not isinstance(operator_id, int) or not isinstance(signed_in_at, int):
-        return None
-    lifetime = current_app.permanent_session_lifetime.total_seconds()
-    if not 0 <= time.time() - signed_in_at < lifetime:
-        return None
-    return operator_by_id(get_store(), operator_id)
+    """The live operator of the cookie's session, if the server still holds it."""
+    return sessions.session_operator(get_store(), session.get(SESSION_ID_KEY))
 
 
 def current_operator() -> Operator:
@@ -64,8 +59,8 @@ def require_operator() -> ResponseReturnValue | None:
     if request.endpoint not in PUBLIC_ENDPOINTS:
         operator = session_operator()
         if operator is None:
-            if session.get(OPERATOR_KEY) is not None:
-                sign_out()  # revoked or expired: forget it
+            if session.get(SESSION_ID_KEY) is not None:
+                session.clear()  # ended, expired or revoked: forget it
             if request.method in ("GET", "HEAD"):
                 return redirect(url_for("admin.sign_in"))
             return refused(401, "Sign in first.")

@@ -66,6 +66,15 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         )
     if values["JOB_RESCUE_SECONDS"] is None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    # A transaction pooler gives a LISTEN's server connection to other clients.
+    through_transaction_pooler = values["PG_POOLER"] == "transaction"
+    if values["PG_LISTEN"] is None:
+        values["PG_LISTEN"] = not through_transaction_pooler
+    elif values["PG_LISTEN"] and through_transaction_pooler:
+        raise ConfigError(
+            f"{ENV_PREFIX}PG_LISTEN: must be off (or unset) with "
+            f"{ENV_PREFIX}PG_POOLER=transaction: a transaction pooler cannot hold a LISTEN"
+        )
     if values["DASHBOARD"] and values["SECRET_KEY"] is None:
         raise ConfigError(
             f"{ENV_PREFIX}SECRET_KEY: must be set ({rules.MIN_SECRET_KEY_LENGTH} characters "

@@ -74,6 +74,17 @@ def one_of(*choices: str) -> Rule:
     return rule
 
 
+def lower_one_of(*choices: str) -> Rule:
+    """One of `choices`, as the README writes them (lower case)."""
+
+    def rule(value: Any) -> str:
+        if not isinstance(value, str) or value.strip().lower() not in choices:
+            raise Invalid(f"must be one of {', '.join(choices)}")
+        return value.strip().lower()
+
+    return rule
+
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mealquest.config import rules
-from mealquest.db.sqlite.connection import SYNCHRONOUS_MODES
+from mealquest.db.options import POOLERS, SYNCHRONOUS_MODES
 
 ENV_PREFIX = "MEALQUEST_"
 # Without an explicit value, a process renews its leases three times per
@@ -62,10 +62,22 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "PG_LISTEN",
-        True,
-        rules.flag,
-        "PostgreSQL: wake idle pools with LISTEN/NOTIFY; `false` polls only "
-        "(PgBouncer in transaction mode)",
+        None,
+        rules.derived(rules.flag),
+        "PostgreSQL: wake idle pools with LISTEN/NOTIFY; `false` polls only. `true` with "
+        "`MEALQUEST_PG_POOLER=transaction` is refused (one line): such a pooler cannot hold "
+        "a LISTEN",
+        shown="on, off with `MEALQUEST_PG_POOLER=transaction`",
+    ),
+    Setting(
+        "PG_POOLER",
+        "none",
+        rules.lower_one_of(*POOLERS),
+        "PostgreSQL: what stands between the service and the server. `none`: the server "
+        "itself (or a pooler in session mode); `transaction`: a pooler that gives out a "
+        "server connection per transaction (PgBouncer's `pool_mode = transaction`): no "
+        "prepared statements, no LISTEN, the settings made in each transaction. See "
+        "[Through PgBouncer](#through-pgbouncer-in-transaction-mode)",
     ),
     Setting(
         "DB_SYNCHRONOUS",

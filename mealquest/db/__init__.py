@@ -64,11 +64,15 @@ def open_store(config: Mapping[str, Any]) -> Store:
     if url and check_url(url) == "postgresql":
         from mealquest.db.postgresql.store import PostgresStore
 
+        pooler = config.get("PG_POOLER") or "none"
+        # Unset (a configuration not checked yet): on, unless the pooler cannot hold it.
+        listen = config.get("PG_LISTEN")
         return PostgresStore(
             url,
             busy_timeout_seconds=busy,
             pool_size=int(config["PG_POOL_SIZE"]),
-            listen=bool(config["PG_LISTEN"]),
+            listen=pooler != "transaction" if listen is None else bool(listen),
+            pooler=pooler,
         )
     from mealquest.db.sqlite.store import SqliteStore
 

@@ -321,7 +321,32 @@ class OperatorStatements(Protocol):
 
     def operator_for_token_digest(self, conn: Reads, token_sha256: str, /) -> Operator | None: ...
 
-    def live_operator(self, conn: Reads, operator_id: int, /) -> Operator | None: ...
+
+class SessionStatements(Protocol):
+    """The dashboard's sign-ins, kept on the server by the digest of their id,
+    so that signing out, or revoking the operator, ends every copy of the cookie."""
+
+    def insert_session(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        id_sha256: str,
+        operator_id: int,
+        lifetime_seconds: float,
+        keep: int,
+    ) -> None:
+        """A new session for the operator, lasting `lifetime_seconds`; expired
+        sessions (anyone's) and the operator's beyond its newest `keep` go."""
+        ...
+
+    def delete_session(self, tx: Transaction, id_sha256: str, /) -> None: ...
+
+    def delete_operator_sessions(self, tx: Transaction, operator_id: int, /) -> None: ...
+
+    def session_operator(self, conn: Reads, id_sha256: str, /) -> Operator | None:
+        """The live operator of an unexpired session, or None."""
+        ...
 
 
 class OperationStatements(Protocol):
@@ -364,6 +389,9 @@ class Store(Protocol):
 
     @property
     def operators(self) -> OperatorStatements: ...
+
+    @property
+    def sessions(self) -> SessionStatements: ...
 
     @property
     def operations(self) -> OperationStatements: ...

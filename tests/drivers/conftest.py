@@ -1,6 +1,7 @@
 """One store per test, of each driver, on a fresh migrated database: the
 statement suite runs unchanged against both (as River's `riverdrivertest`
-and huey's `StorageTests` do)."""
+and huey's `StorageTests` do), and against PostgreSQL through the test
+PgBouncer in transaction mode (the store set for it) as well."""
 
 from __future__ import annotations
 
@@ -17,16 +18,30 @@ from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.sqlite import migrate
 from mealquest.db.sqlite.store import SqliteStore
 from mealquest.model.jobs import ClaimRequest, Job, NewJob, OnInterrupt
-from tests.support.postgres import fresh_database, require_postgres_url
+from tests.support.postgres import (
+    fresh_database,
+    require_pgbouncer_url,
+    require_postgres_url,
+    through_pgbouncer,
+)
 
 LEASE = 30.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "postgresql":
+    if request.param in ("postgresql", "pgbouncer"):
+        bouncer = request.param == "pgbouncer"
+        if bouncer:
+            require_pgbouncer_url()
         with fresh_database(require_postgres_url(), migrated=True) as url:
-            pg = PostgresStore(url, busy_timeout_seconds=5, pool_size=4, listen=False)
+            pg = PostgresStore(
+                through_pgbouncer(url) if bouncer else url,
+                busy_timeout_seconds=5,
+                pool_size=4,
+                listen=False,
+                pooler="transaction" if bouncer else "none",
+            )
             yield pg
             pg.close()
         return

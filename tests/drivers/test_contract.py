@@ -24,6 +24,7 @@ SETS = {
     "periodic": driver.PeriodicStatements,
     "retention": driver.RetentionStatements,
     "operators": driver.OperatorStatements,
+    "sessions": driver.SessionStatements,
     "operations": driver.OperationStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}

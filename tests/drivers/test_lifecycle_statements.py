@@ -215,10 +215,8 @@ def test_retention_deletes_only_finished_jobs_past_the_age(store, household):
 def test_operators_are_listed_found_by_digest_and_revoked(store):
     alice = store.write(store.operators.insert_operator, name="Alice", token_sha256="a" * 64)
 
-    assert store.read(store.operators.operator_for_token_digest, "a" * 64).id == alice
-    assert store.read(store.operators.live_operator, alice).name == "Alice"
+    assert store.read(store.operators.operator_for_token_digest, "a" * 64).name == "Alice"
     store.write(store.operators.revoke_operator, alice)
-    assert store.read(store.operators.live_operator, alice) is None
     assert store.read(store.operators.operator_for_token_digest, "a" * 64) is None
     [listed] = store.read(store.operators.list_operators)
     assert (listed.id, listed.revoked_at is not None) == (alice, True)
@@ -240,3 +238,35 @@ def test_queue_figures_count_by_kind_and_status_and_find_the_oldest_due(store, h
     assert store.read(store.operations.kinds_of, [oldest, "missing"]) == {oldest: "succeed"}
     assert store.write(store.operations.delete_job, oldest)
     assert not store.write(store.operations.delete_job, oldest)
+
+
+def test_a_session_names_its_live_operator_until_it_ends(store):
+    alice = store.write(store.operators.insert_operator, name="Alice", token_sha256="a" * 64)
+    bob = store.write(store.operators.insert_operator, name="Bob", token_sha256="b" * 64)
+
+    def sign_in(digest, operator_id, lifetime=3600.0, keep=20):
+        store.write(
+            store.sessions.insert_session,
+            id_sha256=digest,
+            operator_id=operator_id,
+            lifetime_seconds=lifetime,
+            keep=keep,
+        )
+
+    sign_in("1" * 64, alice)
+    sign_in("2" * 64, alice)
+    sign_in("3" * 64, bob)
+    sign_in("4" * 64, bob, lifetime=-1)  # already over
+    assert store.read(store.sessions.session_operator, "1" * 64).name == "Alice"
+    assert store.read(store.sessions.session_operator, "4" * 64) is None
+    store.write(store.sessions.delete_session, "1" * 64)
+    assert store.read(store.sessions.session_operator, "1" * 64) is None
+    assert store.read(store.sessions.session_operator, "2" * 64).name == "Alice"
+    store.write(store.sessions.delete_operator_sessions, alice)
+    assert store.read(store.sessions.session_operator, "2" * 64) is None
+    assert store.read(store.sessions.session_operator, "3" * 64).name == "Bob"
+    # An operator keeps its newest `keep` sessions; a revoked one, none that work.
+    sign_in("5" * 64, bob, keep=1)
+    assert store.read(store.sessions.session_operator, "3" * 64) is None
+    store.write(store.operators.revoke_operator, bob)
+    assert store.read(store.sessions.session_operator, "5" * 64) is None

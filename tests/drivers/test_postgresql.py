@@ -18,20 +18,47 @@ from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.postgresql.transaction import PostgresTransaction
 from mealquest.model.jobs import ClaimRequest, NewJob, OnInterrupt
 from tests.drivers.conftest import LEASE, claim, enqueue, get
-from tests.support.postgres import fresh_database, require_postgres_url
+from tests.support.postgres import (
+    fresh_database,
+    require_pgbouncer_url,
+    require_postgres_url,
+    through_pgbouncer,
+)
+
+
+@pytest.fixture(params=["postgresql", "pgbouncer"])
+def route(request):
+    """How the tests reach the server: directly, or through PgBouncer."""
+    if request.param == "pgbouncer":
+        require_pgbouncer_url()
+    return request.param
 
 
 @pytest.fixture
-def pg_url():
+def pg_url(route):
     with fresh_database(require_postgres_url(), migrated=True) as url:
-        yield url
+        yield through_pgbouncer(url) if route == "pgbouncer" else url
 
 
 @pytest.fixture
-def store(pg_url):
-    store = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=4, listen=False)
-    yield store
-    store.close()
+def make_store(pg_url, route):
+    stores = []
+
+    def make(**options):
+        pooler = "transaction" if route == "pgbouncer" else "none"
+        options = {"busy_timeout_seconds": 5, "listen": False, "pooler": pooler, **options}
+        store = PostgresStore(pg_url, **options)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(make_store):
+    return make_store(pool_size=4)
 
 
 @pytest.fixture
@@ -39,8 +66,12 @@ def household(store) -> int:
     return store.write(households.create_household, name="Smiths", token_sha256="a" * 64)[0]
 
 
-def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(pg_url, household):
-    one_connection = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=1, listen=False)
+# Directly only: through a transaction pooler no statement is prepared.
+@pytest.mark.parametrize("route", ["postgresql"], indirect=True)
+def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(
+    make_store, household
+):
+    one_connection = make_store(pool_size=1)
 
     def setting_of(conn):
         return conn.execute("SELECT current_setting('plan_cache_mode') AS mode").fetchone()["mode"]
@@ -77,13 +108,13 @@ def test_the_claim_statement_is_planned_once_per_connection_not_at_every_claim(p
     ],
 )
 def test_a_time_at_the_calendars_edge_reads_back_whatever_the_clients_time_zone(
-    pg_url, household, monkeypatch, zone, due
+    make_store, household, monkeypatch, zone, due
 ):
     # In a session of another zone, these would read as a year before 1 or
     # after 9999, which no datetime holds: every read of the job, and every
     # claim that takes it, would fail.
     monkeypatch.setenv("PGTZ", zone)
-    zoned = PostgresStore(pg_url, busy_timeout_seconds=5, pool_size=1, listen=False)
+    zoned = make_store(pool_size=1)
     try:
         job_id = uuid.uuid4().hex
         zoned.write(
@@ -238,9 +269,11 @@ def lock_waits(store) -> int:
 
 
 def raw_transaction(store, url):
-    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-    conn.execute("SET statement_timeout = '5s'")
+    # As the store's own transactions are: nothing prepared, settings for the
+    # transaction only (the same through PgBouncer as directly).
+    conn = psycopg.connect(url, autocommit=True, row_factory=dict_row, prepare_threshold=None)
     conn.execute("BEGIN")
+    conn.execute("SET LOCAL statement_timeout = '5s'")
     return PostgresTransaction(conn, store.notifier)
 
 

@@ -17,7 +17,8 @@ import pytest
 from tests.support import transitions
 from tests.support.servers import final_jobs, http, jobs_by_id, wait_until
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 # Where the worker dies: right after the enqueue commits (in the route),
 # after the claim, after a partial result is published, after the handler's

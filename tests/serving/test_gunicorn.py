@@ -35,7 +35,8 @@ from tests.support.servers import (
 )
 from tests.support.serving_app import WORKER_PID_HEADER
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 # Deadlines, generous for a loaded machine: a test that passes never waits one out.
 DEADLINE = 60.0

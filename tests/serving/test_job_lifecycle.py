@@ -12,7 +12,8 @@ import pytest
 from tests.support import sql, transitions
 from tests.support.servers import enqueue, final_jobs, http, wait_until
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 REPEATS = 24
 

@@ -17,7 +17,8 @@ from mealquest.operators import create_operator
 from tests.support.servers import Gunicorn, enqueue, final_jobs, http, serving_env, wait_until
 from tests.support.serving_app import WORKER_PID_HEADER
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 HEALTHZ = ("mealquest_http_requests_total", {"route": "/healthz", "method": "GET", "status": "200"})
 

@@ -1,8 +1,31 @@
-"""The service through real nginx (deploy/nginx.conf's server block) in front of real gunicorn."""
+"""The service through real nginx (deploy/nginx.conf as shipped, its ports and
+paths replaced) in front of real gunicorn: over TLS with a self-signed
+certificate the test made, and its plain HTTP side that only redirects."""
 
 from __future__ import annotations
 
-from tests.support.servers import free_port, http, wait_until
+import re
+from http.cookies import SimpleCookie
+from urllib.parse import urlencode
+
+from mealquest.operators import create_operator
+from tests.support.servers import Answer, free_port, http, wait_until
+from tests.support.tls import TEST_HOST
+
+SECRET_KEY = "nginx-test-secret-key-" + "k" * 32
+HSTS = "Strict-Transport-Security"
+_CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def cookie_of(answer: Answer, name: str):
+    """The `Set-Cookie` of `name` in an answer, parsed (flags included)."""
+    for header, value in answer.pairs:
+        if header.lower() == "set-cookie":
+            parsed = SimpleCookie()
+            parsed.load(value)
+            if name in parsed:
+                return parsed[name]
+    raise AssertionError(f"no {name} cookie set: {answer.pairs}")
 
 
 def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, start_nginx):
@@ -21,6 +44,7 @@ def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, st
     assert answer.headers["Location"] == f"/api/v1/jobs/{job_id}"
     request_id = answer.headers["X-Request-ID"]
     assert len(request_id) == 32  # nginx's $request_id, echoed by the app
+    assert answer.headers[HSTS].startswith("max-age=")
 
     def finished() -> dict | None:
         polled = http("GET", f"{api}/jobs/{job_id}", token=served.token)
@@ -61,6 +85,7 @@ def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, st
     assert too_large.json == {
         "error": {"code": "payload_too_large", "message": "the request body is too large"}
     }
+    assert HSTS in too_large.headers  # nginx's own answers carry it too
 
     # A long URI: the app's own 414 below nginx's header buffers, nginx's above.
     for length in (5_000, 20_000):
@@ -77,3 +102,88 @@ def test_nginx_answers_json_when_gunicorn_is_down(start_nginx):
     assert answer.headers["Content-Type"] == "application/json"
     assert answer.json["error"]["code"] == "unavailable"
     assert answer.headers["X-Request-ID"]
+
+
+def test_over_tls_the_dashboard_cookie_is_secure_sign_out_ends_it_and_http_redirects(
+    served, start_gunicorn, start_nginx
+):
+    operator = create_operator(served.store, "Ada")
+    server = start_gunicorn(
+        workers=1, config={"PROXY_FIX_HOPS": 1, "DASHBOARD": True, "SECRET_KEY": SECRET_KEY}
+    )
+    nginx = start_nginx(server.port)
+    # As a browser on the default port sends it: the name alone, no port.
+    browser = {"Host": TEST_HOST}
+
+    form = http("GET", f"{nginx.url}/admin/sign-in", headers=browser)
+    assert form.status == 200, form
+    assert form.headers[HSTS] == "max-age=31536000"
+    session = cookie_of(form, "mealquest_admin")  # the CSRF secret's session
+    assert session["secure"]
+    token = _CSRF.search(form.body.decode()).group(1)
+
+    signed_in = http(
+        "POST",
+        f"{nginx.url}/admin/sign-in",
+        body=urlencode({"token": operator.token, "csrf_token": token}).encode(),
+        headers={
+            **browser,
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"mealquest_admin={session.value}",
+            # Flask-WTF checks it over HTTPS: the page the form came from.
+            "Referer": f"https://{TEST_HOST}/admin/sign-in",
+        },
+    )
+    assert signed_in.status == 303, signed_in.body
+    assert signed_in.headers["Location"] == "/admin/"
+    cookie = cookie_of(signed_in, "mealquest_admin")
+    assert cookie["secure"]
+    assert cookie["httponly"]
+    assert (cookie["samesite"], cookie["path"]) == ("Strict", "/admin")
+    assert HSTS in signed_in.headers
+
+    overview = http(
+        "GET",
+        f"{nginx.url}/admin/",
+        headers={**browser, "Cookie": f"mealquest_admin={cookie.value}"},
+    )
+    assert overview.status == 200
+    assert b"Queue overview" in overview.body
+
+    # Signing out ends the session on the server: the cookie, copied before,
+    # opens nothing after (from any worker). The page's form came with the
+    # CSRF secret in a new cookie, which the browser keeps in place of the first.
+    first, cookie = cookie, cookie_of(overview, "mealquest_admin")
+    signed_out = http(
+        "POST",
+        f"{nginx.url}/admin/sign-out",
+        body=urlencode({"csrf_token": _CSRF.search(overview.body.decode()).group(1)}).encode(),
+        headers={
+            **browser,
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Cookie": f"mealquest_admin={cookie.value}",
+            "Referer": f"https://{TEST_HOST}/admin/",
+        },
+    )
+    assert signed_out.status == 303, signed_out.body
+    for copy in (first, cookie):
+        replayed = http(
+            "GET",
+            f"{nginx.url}/admin/",
+            headers={**browser, "Cookie": f"mealquest_admin={copy.value}"},
+        )
+        assert replayed.status == 302
+        assert replayed.headers["Location"] == "/admin/sign-in"
+
+    # Plain HTTP answers only a redirect to the same place over HTTPS (port 443
+    # as shipped), for any method, and reaches no worker.
+    requests_before = server.log().count("/admin/?from=http")
+    for method in ("GET", "POST"):
+        moved = http(method, f"{nginx.http_url}/admin/?from=http", headers=browser)
+        assert moved.status == 301, moved
+        assert moved.headers["Location"] == f"https://{TEST_HOST}/admin/?from=http"
+        assert "Set-Cookie" not in moved.headers
+    api = http("GET", f"{nginx.http_url}/api/v1/jobs", token=served.token)
+    assert api.status == 301
+    assert api.headers["Location"] == "https://127.0.0.1/api/v1/jobs"
+    assert server.log().count("/admin/?from=http") == requests_before

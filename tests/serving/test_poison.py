@@ -14,7 +14,8 @@ import pytest
 
 from tests.support.servers import enqueue, final_jobs, wait_until
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 DEADLINE = 120.0
 # gunicorn kills the blocked worker before its lease can expire (gunicorn.conf.py).

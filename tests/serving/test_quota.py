@@ -12,7 +12,8 @@ import pytest
 from tests.support import sql
 from tests.support.servers import Answer, http
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 QUOTA = 5
 POSTS = 20

@@ -15,7 +15,8 @@ from tests.support import servers
 from tests.support.give_up import REASON
 from tests.support.servers import enqueue, final_jobs, http, wait_until
 
-pytestmark = pytest.mark.both_databases
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
 
 
 def test_a_worker_whose_pool_cannot_go_on_is_drained_and_replaced(

@@ -10,6 +10,11 @@ making a database takes most of a second, emptying one milliseconds.
 
 Without the variable, tests that need PostgreSQL fail under CI (it must run
 them) and are skipped elsewhere, saying how to run them.
+
+`scripts/pgbouncer start DIR URL` starts a PgBouncer in transaction mode in
+front of that server; the test command exports its URL as
+`MEALQUEST_TEST_PGBOUNCER_URL`, and `through_pgbouncer` reaches a test's
+database through it (same role, same database name).
 """
 
 from __future__ import annotations
@@ -32,19 +37,40 @@ from psycopg import sql
 from mealquest.db.postgresql import migrate
 
 POSTGRES_URL = os.environ.get("MEALQUEST_TEST_POSTGRES_URL")
+PGBOUNCER_URL = os.environ.get("MEALQUEST_TEST_PGBOUNCER_URL")
 _HOW = (
     "MEALQUEST_TEST_POSTGRES_URL is not set: start a server with "
     "`scripts/postgres start DIR` and export the URL it prints"
 )
+_HOW_PGBOUNCER = (
+    "MEALQUEST_TEST_PGBOUNCER_URL is not set: start one with "
+    "`scripts/pgbouncer start DIR $MEALQUEST_TEST_POSTGRES_URL` and export the URL it prints"
+)
+
+
+def _required(url: str | None, how: str) -> str:
+    """`url`; without one, fails the test under CI (it must run), else skips it."""
+    if url:
+        return url
+    if os.environ.get("CI"):
+        pytest.fail(how)
+    pytest.skip(how)
 
 
 def require_postgres_url() -> str:
     """The server's URL; fails the test under CI when there is none, else skips it."""
-    if POSTGRES_URL:
-        return POSTGRES_URL
-    if os.environ.get("CI"):
-        pytest.fail(_HOW)
-    pytest.skip(_HOW)
+    return _required(POSTGRES_URL, _HOW)
+
+
+def require_pgbouncer_url() -> str:
+    """The test PgBouncer's URL, under the same rule as the server's."""
+    return _required(PGBOUNCER_URL, _HOW_PGBOUNCER)
+
+
+def through_pgbouncer(url: str) -> str:
+    """The database of `url` (on the test server), reached through the test PgBouncer."""
+    bouncer = urlsplit(require_pgbouncer_url())
+    return urlunsplit(bouncer._replace(path=urlsplit(url).path))
 
 
 def with_database(url: str, name: str) -> str:

@@ -21,14 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPSConnection
 from pathlib import Path
 from typing import Any
 
 from mealquest.config import DEFAULTS
 from mealquest.db import open_store
 from mealquest.db.driver import Store
-from tests.support import sql
+from tests.support import sql, tls
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -71,6 +71,8 @@ class Answer:
     status: int
     headers: Mapping[str, str]
     body: bytes
+    # Every header as sent, repeated ones (Set-Cookie) included.
+    pairs: tuple[tuple[str, str], ...] = ()
 
     @property
     def json(self) -> Any:
@@ -87,23 +89,30 @@ def http(
     headers: Mapping[str, str] | None = None,
     timeout: float = 60.0,
 ) -> Answer:
-    """One request on a new connection (so it may land on any gunicorn worker).
+    """One request on a new connection (so it may land on any gunicorn worker);
+    an https:// URL is checked against the test certificate (`tls`).
 
     The timeout is a deadline for a loaded machine (a request may wait for a
     worker gunicorn is still booting), not a measure of speed."""
-    match = re.fullmatch(r"http://([^/:]+):(\d+)(/.*)", url)
+    match = re.fullmatch(r"(https?)://([^/:]+):(\d+)(/.*)", url)
     assert match, url
+    scheme, host, port, path = match.groups()
     all_headers = dict(headers or {})
     if token:
         all_headers["Authorization"] = f"Bearer {token}"
     if json_body is not None:
         body = json.dumps(json_body).encode()
         all_headers["Content-Type"] = "application/json"
-    conn = HTTPConnection(match[1], int(match[2]), timeout=timeout)
+    conn = (
+        HTTPSConnection(host, int(port), timeout=timeout, context=tls.client_context())
+        if scheme == "https"
+        else HTTPConnection(host, int(port), timeout=timeout)
+    )
     try:
-        conn.request(method, match[3], body=body, headers=all_headers)
+        conn.request(method, path, body=body, headers=all_headers)
         response = conn.getresponse()
-        return Answer(response.status, dict(response.getheaders()), response.read())
+        pairs = tuple(response.getheaders())
+        return Answer(response.status, dict(pairs), response.read(), pairs)
     finally:
         conn.close()
 
@@ -299,7 +308,9 @@ def nginx_binary() -> str | None:
 
 class Nginx(Process):
     """nginx in the foreground, single process, with deploy/nginx.conf's server
-    block (pointed at `upstream_port`) inside a minimal main config of its own."""
+    blocks (pointed at `upstream_port`, with the test certificate) inside a
+    minimal main config of its own. `url` is its HTTPS side, `http_url` the
+    plain HTTP one."""
 
     def __init__(self, workdir: Path, upstream_port: int) -> None:
         binary = nginx_binary()
@@ -310,8 +321,10 @@ class Nginx(Process):
             )
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        site = site_config(self.port, upstream_port, workdir / "access.log")
+        self.http_port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        site = site_config(self.port, self.http_port, upstream_port, workdir / "access.log")
         (workdir / "site.conf").write_text(site)
         temp = "\n".join(
             f"    {name}_temp_path {workdir / name};"
@@ -341,23 +354,32 @@ class Nginx(Process):
                 raise AssertionError(
                     f"nginx exited early:\n{self.log()}\n{(self.workdir / 'error.log').read_text()}"
                 )
-            with socket.socket() as sock:
-                return sock.connect_ex(("127.0.0.1", self.port)) == 0
+            for port in (self.port, self.http_port):
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) != 0:
+                        return False
+            return True
 
         wait_until(listening, timeout, "nginx did not start listening")
 
 
-def site_config(port: int, upstream_port: int, access_log: Path) -> str:
-    """deploy/nginx.conf with its listen port, upstream and log path replaced."""
+def site_config(port: int, http_port: int, upstream_port: int, access_log: Path) -> str:
+    """deploy/nginx.conf with its listen ports, upstream, certificate and log
+    paths replaced; nothing else."""
     text = (REPO / "deploy" / "nginx.conf").read_text()
+    certificate = tls.certificate()
     replacements = [
-        (r"listen 80;", f"listen 127.0.0.1:{port};"),
-        (r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};"),
-        (r"access_log \S+ mealquest;", f"access_log {access_log} mealquest;"),
+        (r"listen 443 ssl;", f"listen 127.0.0.1:{port} ssl;", 1),
+        (r"listen 80;", f"listen 127.0.0.1:{http_port};", 1),
+        (r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};", 1),
+        (r"ssl_certificate \S+;", f"ssl_certificate {certificate.cert};", 1),
+        (r"ssl_certificate_key \S+;", f"ssl_certificate_key {certificate.key};", 1),
+        # One access log per server block.
+        (r"access_log \S+ mealquest;", f"access_log {access_log} mealquest;", 2),
     ]
-    for pattern, replacement in replacements:
+    for pattern, replacement, expected in replacements:
         text, count = re.subn(pattern, replacement, text)
-        assert count == 1, f"deploy/nginx.conf: expected one `{pattern}`"
+        assert count == expected, f"deploy/nginx.conf: expected {expected} `{pattern}`"
     return text
 
 

@@ -8,7 +8,10 @@ transaction-level advisory lock: two `flask db upgrade` at once take turns,
 and the second finds the work done.
 
 This runs in the foreground (Flask CLI, before gunicorn starts), on a plain
-connection that may wait for the lock.
+connection that may wait for the lock. It holds nothing across transactions
+(no session lock, no setting, no prepared statement), so it may run through
+a pooler in transaction mode (PgBouncer's `pool_mode = transaction`) as well
+as directly.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def connect(url: str) -> psycopg.Connection[dict[str, Any]]:
             row_factory=dict_row,
             connect_timeout=_CONNECT_TIMEOUT_SECONDS,
             application_name="mealquest-migrate",
+            # Each migration is a transaction of its own, which a transaction
+            # pooler may run on another server connection: nothing prepared.
+            prepare_threshold=None,
         )
     except psycopg.OperationalError:
         raise StoreUnavailable("the PostgreSQL server could not be reached") from None

@@ -14,6 +14,15 @@
   it, and refuses use after a `fork`, as the SQLite store does.
 * psycopg is imported only then, not with this module: it fixes at import
   whether its waits yield to gevent (see `waiting`).
+* Behind a pooler in transaction mode (PgBouncer's `pool_mode = transaction`,
+  `pooler="transaction"`), a client connection meets another server
+  connection at every transaction, so nothing may outlive one: no
+  prepared statements (psycopg prepares a statement after its fifth run on
+  a connection; the next transaction's server connection may not have it,
+  or may have another client's under the same name), no LISTEN, and the
+  settings are made per transaction (`SET LOCAL`), reads included: each
+  read runs in a transaction of its own, which costs two round trips more
+  than an autocommit statement.
 
 Error texts of the driver quote the host and sometimes the statement, so
 none reaches a `StoreUnavailable` or a log line below ERROR (`driver_logs`);
@@ -42,6 +51,7 @@ from mealquest.db.driver import (
     Reads,
     RecipeStatements,
     RetentionStatements,
+    SessionStatements,
     Transaction,
 )
 from mealquest.db.errors import (
@@ -51,6 +61,7 @@ from mealquest.db.errors import (
     WriteOutcomeUnknown,
 )
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
+from mealquest.db.options import POOLERS
 from mealquest.db.postgresql import (
     households,
     jobs,
@@ -60,6 +71,7 @@ from mealquest.db.postgresql import (
     periodic,
     recipes,
     retention,
+    sessions,
 )
 from mealquest.db.postgresql.driver_logs import quiet_driver_logs
 from mealquest.db.postgresql.notify import Listener, Notifier
@@ -106,6 +118,7 @@ class PostgresStore:
         busy_timeout_seconds: float = 5.0,
         pool_size: int = 10,
         listen: bool = True,
+        pooler: str = "none",
     ) -> None:
         if not is_postgres_url(url):
             raise StoreError("not a postgresql:// URL")
@@ -113,10 +126,24 @@ class PostgresStore:
             raise ValueError("pool_size must be at least 1")
         if busy_timeout_seconds <= 0:
             raise ValueError("busy_timeout_seconds must be positive")
+        if pooler not in POOLERS:
+            raise ValueError(f"pooler must be one of {', '.join(POOLERS)}")
+        if pooler == "transaction" and listen:
+            raise ValueError("a transaction pooler cannot hold a LISTEN: listen must be off")
         self.url = url
         self.busy_timeout_seconds = float(busy_timeout_seconds)
         self.pool_size = int(pool_size)
         self.listen = listen
+        self.pooler = pooler
+        busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
+        # Each transaction's first statement; with a transaction pooler it also
+        # makes the settings, for that transaction only (one round trip: the
+        # simple protocol takes several statements at once).
+        self._begin = (
+            "BEGIN"
+            if pooler == "none"
+            else f"BEGIN; SET LOCAL statement_timeout = '{busy_ms}ms'; SET LOCAL TimeZone = 'UTC'"
+        )
         self.notifier = Notifier(self.write)
         quiet_driver_logs()
         self._pid = os.getpid()
@@ -127,7 +154,9 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         # Never the URL: it holds the password.
-        return f"<PostgresStore pool_size={self.pool_size} listen={self.listen}>"
+        return (
+            f"<PostgresStore pool_size={self.pool_size} listen={self.listen} pooler={self.pooler}>"
+        )
 
     # -- the driver's SQL, migrations and description -----------------------------
 
@@ -139,6 +168,7 @@ class PostgresStore:
     periodic: PeriodicStatements = periodic
     retention: RetentionStatements = retention
     operators: OperatorStatements = operators
+    sessions: SessionStatements = sessions
     operations: OperationStatements = operations
 
     def describe(self) -> str:
@@ -178,7 +208,9 @@ class PostgresStore:
         from psycopg.rows import dict_row
 
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
+        never_prepare = {"prepare_threshold": None} if self.pooler == "transaction" else {}
         return {
+            **never_prepare,
             "autocommit": True,
             "row_factory": dict_row,
             # libpq counts whole seconds and waits at least 2.
@@ -196,6 +228,10 @@ class PostgresStore:
         # Set once per connection (not as a startup option, which PgBouncer refuses).
         # UTC: in another zone, a time at the calendar's edge (a job due in
         # year 1) reads as a year no datetime holds, and every read of it fails.
+        # Through a transaction pooler they are made per transaction instead
+        # (`_begin`): the next transaction may run on another server connection.
+        if self.pooler == "transaction":
+            return
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false), "
@@ -258,7 +294,7 @@ class PostgresStore:
             from psycopg.pq import TransactionStatus
 
             tx = PostgresTransaction(conn, self.notifier)
-            conn.execute("BEGIN")
+            conn.execute(self._begin)
             result = fn(tx, *args, **kwargs)
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 # `fn` caught a failed statement: COMMIT would silently roll back.
@@ -284,8 +320,20 @@ class PostgresStore:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> T:
-        """Run the read `fn(conn, ...)` on a pooled connection (autocommit)."""
-        return self._with_connection(lambda conn: fn(conn, *args, **kwargs))
+        """Run the read `fn(conn, ...)` on a pooled connection: autocommit, or, through
+        a transaction pooler, in a transaction of its own that carries the settings."""
+        if self.pooler == "none":
+            return self._with_connection(lambda conn: fn(conn, *args, **kwargs))
+
+        def transaction(conn: psycopg.Connection[dict[str, Any]]) -> T:
+            conn.execute(self._begin)
+            result = fn(conn, *args, **kwargs)
+            # COMMIT, as autocommit would have (after a failed statement the
+            # server rolls back instead).
+            conn.execute("COMMIT")
+            return result
+
+        return self._with_connection(transaction)
 
     def _with_connection(self, work: Callable[[psycopg.Connection[dict[str, Any]]], T]) -> T:
         pool = self._open_pool()

@@ -12,8 +12,8 @@ import os
 import sqlite3
 
 from mealquest.db.errors import StorageFault
+from mealquest.db.options import SYNCHRONOUS_MODES
 
-SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 _SQLITE_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 # SQLite's primary result codes that mean the storage cannot be used now, with
 # the short reason logged and carried by StorageFault (never SQLite's text).

@@ -44,10 +44,3 @@ def operator_for_token_digest(conn: Reads, token_sha256: str) -> Operator | None
         (token_sha256,),
     ).fetchone()
     return Operator(row["id"], row["name"]) if row else None
-
-
-def live_operator(conn: Reads, operator_id: int) -> Operator | None:
-    row = conn.execute(
-        "SELECT id, name FROM operators WHERE id = ? AND revoked_at IS NULL", (operator_id,)
-    ).fetchone()
-    return Operator(row["id"], row["name"]) if row else None

@@ -50,6 +50,7 @@ from mealquest.db.driver import (
     Reads,
     RecipeStatements,
     RetentionStatements,
+    SessionStatements,
     Transaction,
 )
 from mealquest.db.errors import (
@@ -59,6 +60,7 @@ from mealquest.db.errors import (
     StoreUsedAcrossFork,
 )
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
+from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
     households,
     jobs,
@@ -68,9 +70,9 @@ from mealquest.db.sqlite import (
     periodic,
     recipes,
     retention,
+    sessions,
 )
 from mealquest.db.sqlite.connection import (
-    SYNCHRONOUS_MODES,
     connect,
     has_room,
     is_busy,
@@ -173,6 +175,7 @@ class SqliteStore:
     periodic: PeriodicStatements = periodic
     retention: RetentionStatements = retention
     operators: OperatorStatements = operators
+    sessions: SessionStatements = sessions
     operations: OperationStatements = operations
 
     def describe(self) -> str:
