@@ -42,7 +42,7 @@ from mealquest.jobs.model import (
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.settings import PoolSettings
-from mealquest.masking import URL_IN_TEXT
+from mealquest.masking import URL_IN_TEXT, mask
 from mealquest.metrics import runs as job_metrics
 from mealquest.storable import storable_text
 from mealquest.store import Store, StoreUnavailable, Transaction
@@ -557,7 +557,7 @@ class Executor:
             # As stored: a message neither database could store would leave
             # the job running until its lease expired.
             message = _bounded(storable_text(ended.message))
-            logger.info("job failed: %s", message, extra=extra)
+            logger.info("job failed: %s", mask(message), extra=extra)
             return failed(message)
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
