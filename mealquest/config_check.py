@@ -195,6 +195,9 @@ RULES: dict[str, Rule] = {
     "RECIPE_FETCH_TIMEOUT_SECONDS": positive,
     "RECIPE_FETCH_MAX_BYTES": whole(1),
     "RECIPE_FETCH_MAX_REDIRECTS": whole(0),
+    # Bounds a parser process's wall clock and its CPU time (RLIMIT_CPU,
+    # whole seconds: a fraction is rounded up there).
+    "RECIPE_PARSE_SECONDS": positive,
     "RECIPE_IMPORT_RETRY_SECONDS": positive,
 }
 

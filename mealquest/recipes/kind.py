@@ -1,5 +1,9 @@
 """The `recipe_import` job kind: fetch the page, parse its recipe, store it.
 
+Parsing runs in a parser process (`mealquest.recipes.parser_pool`), killed
+when it passes `parse_seconds`: such a page fails its job `the page could
+not be read` at once (another attempt would only spend as long again).
+
 Retries: a transient fetch failure (a 5xx, a timeout, a refused or reset
 connection) raises `TransientImportError`, which the runner retries with
 backoff while attempts last. On the last attempt the same failure is raised
@@ -12,16 +16,17 @@ large) is a `Failure` at once.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
-
-import gevent
 
 from mealquest.jobs.model import Failure
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.runner import JobContext
+from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
-from mealquest.recipes.parse import ParsedRecipe, ParserFailed, parse_page
+from mealquest.recipes.parse import ParsedRecipe, ParserFailed
+from mealquest.recipes.parser_pool import PageUnreadable
 from mealquest.recipes.schemas import (
     ImportStageSchema,
     RecipeImportResultSchema,
@@ -34,9 +39,11 @@ logger = logging.getLogger(__name__)
 KIND = "recipe_import"
 MAX_ATTEMPTS = 3
 NO_RECIPE = "no recipe found on the page"
-# Time for everything after the fetch (parsing, storing) before the runner's
-# own timeout stops the job.
-_PARSE_AND_STORE_SECONDS = 60.0
+UNREADABLE = "the page could not be read"
+# Time for what comes after the fetch besides the parse itself (starting a
+# parser process, storing the recipe) before the runner's own timeout stops
+# the job.
+_START_AND_STORE_SECONDS = 60.0
 
 _recipe_schema = RecipeSchema()
 
@@ -46,7 +53,9 @@ class TransientImportError(Exception):
     the runner only logs the type below ERROR anyway."""
 
 
-def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy) -> dict[str, Any]:
+def import_recipe(
+    payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy, parsing: Parsing
+) -> dict[str, Any]:
     url = payload["url"]
     ctx.publish({"stage": "fetching"})
     try:
@@ -56,7 +65,7 @@ def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy)
             raise TransientImportError(error.message) from None
         raise Failure(error.message) from None
     ctx.publish({"stage": "parsing"})
-    parsed = _parse(page, ctx)
+    parsed = _parse(page, ctx, parsing)
     recipe = ctx.write(
         ctx.store.recipes.upsert_for_job,
         household_id=ctx.household_id,
@@ -73,26 +82,35 @@ def public_source_url(url: str) -> str:
     return urlsplit(url)._replace(query="", fragment="").geturl()
 
 
-def _parse(page: Page, ctx: JobContext) -> ParsedRecipe:
-    # Parsing a large page is seconds of CPU: in the hub's native thread pool
-    # it cannot freeze the other greenlets (HTTP requests, heartbeats).
+@dataclass(frozen=True)
+class Parsing:
+    """How pages are parsed: the time each parse may take (wall clock and
+    CPU), and how many parser processes each service process keeps warm."""
+
+    seconds: float
+    processes_kept: int
+
+
+def _parse(page: Page, ctx: JobContext, parsing: Parsing) -> ParsedRecipe:
+    extra = {"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt}
     try:
-        parsed = gevent.get_hub().threadpool.apply(parse_page, (page,))
+        parsed = parser_pool.shared(parsing.processes_kept).parse(page, seconds=parsing.seconds)
+    except PageUnreadable as error:
+        logger.warning("recipe page could not be read: %s", error.reason, extra=extra)
+        raise Failure(UNREADABLE) from None
     except ParserFailed as error:
-        logger.warning(
-            "recipe parser failed (%s)",
-            error,
-            extra={"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt},
-        )
+        logger.warning("recipe parser failed (%s)", error, extra=extra)
         raise Failure(NO_RECIPE) from None
     if parsed is None:
         raise Failure(NO_RECIPE)
     return parsed
 
 
-def register(registry: Registry, policy: FetchPolicy, *, retry_base_seconds: float) -> None:
+def register(
+    registry: Registry, policy: FetchPolicy, parsing: Parsing, *, retry_base_seconds: float
+) -> None:
     def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        return import_recipe(payload, ctx, policy)
+        return import_recipe(payload, ctx, policy, parsing)
 
     registry.register(
         KIND,
@@ -103,6 +121,8 @@ def register(registry: Registry, policy: FetchPolicy, *, retry_base_seconds: flo
         options=KindOptions(
             max_attempts=MAX_ATTEMPTS,
             backoff=Backoff(base_seconds=retry_base_seconds, factor=2.0, max_seconds=600.0),
-            timeout_seconds=policy.total_timeout_seconds + _PARSE_AND_STORE_SECONDS,
+            timeout_seconds=(
+                policy.total_timeout_seconds + parsing.seconds + _START_AND_STORE_SECONDS
+            ),
         ),
     )
