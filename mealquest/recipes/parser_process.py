@@ -52,6 +52,8 @@ MAX_FRAME = 64 * 1024 * 1024
 # answer, rather than keep a large heap while it waits for the next page.
 RETIRE_GROWTH = 128 * 1024 * 1024
 _PR_SET_PDEATHSIG = 1
+# The largest CPU limit set (a year): a setting past it is no limit anyway.
+_MAX_CPU_SECONDS = 365 * 24 * 3600
 
 
 def read_frame(fd: int) -> bytes | None:
@@ -120,7 +122,7 @@ def _limit_cpu(seconds: float) -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = usage.ru_utime + usage.ru_stime
     _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = math.ceil(used + seconds)
+    soft = math.ceil(used + min(seconds, _MAX_CPU_SECONDS))
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
