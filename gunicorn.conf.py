@@ -18,7 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from gunicorn.glogging import Logger, SafeAtoms
 
 if TYPE_CHECKING:  # for the hooks' hints only; nothing is imported at run time
     from gunicorn.arbiter import Arbiter
@@ -68,12 +70,50 @@ else:
 limit_request_line = 8190
 # Access log to stdout (the journal under systemd). Each line carries the
 # request id (nginx's $request_id, echoed by the app, or one the app made),
-# the address nginx saw the client at, and the worker's pid.
+# the address nginx saw the client at, and the worker's pid. Every field a
+# client can write (its address as the proxy reported it, X-Forwarded-For,
+# the request line, User-Agent) is in double quotes and escaped by
+# `EscapingLogger` below, so that no client can end a field early or start a
+# line of its own.
 accesslog = "-"
 access_log_format = (
-    '%(h)s fwd=%({x-forwarded-for}i)s "%(r)s" %(s)s %(B)s %(M)sms '
+    '"%(h)s" fwd="%({x-forwarded-for}i)s" "%(r)s" %(s)s %(B)s %(M)sms '
     'rid=%({x-request-id}o)s pid=%(p)s "%(a)s"'
 )
+
+
+class EscapedAtoms(SafeAtoms):
+    """gunicorn's access log fields with every text escaped as a Python
+    literal is (`\\`, `\\"`, `\\xHH`, `\\uHHHH` for all but printable
+    ASCII). gunicorn's own wrapper escapes only the quote, so a value ending
+    in a backslash, or one holding U+0085 (a line break to Unicode-aware
+    readers), could still forge fields or lines."""
+
+    def __init__(self, atoms: dict[str, Any]) -> None:
+        dict.__init__(
+            self,
+            {
+                key: _escaped(value) if isinstance(value, str) else value
+                for key, value in atoms.items()
+            },
+        )
+
+
+def _escaped(text: str) -> str:
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return text.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+
+
+class EscapingLogger(Logger):
+    """gunicorn's logger, writing access lines with `EscapedAtoms`. Defined
+    here, not in our package: the master builds its logger before any hook
+    runs, and must import nothing of ours."""
+
+    atoms_wrapper_class = EscapedAtoms
+
+
+logger_class = EscapingLogger
 # gunicorn's own log lines (and ours) go to stderr.
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import admin, cli, errors, health
+from mealquest import admin, cli, errors, health, json_bodies
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS, ConfigError, check_config
 from mealquest.extensions import init_store
@@ -43,6 +43,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     jobs_service.init_app(app)
     recipe_import.init_app(app)
     errors.init_app(app)
+    json_bodies.init_app(app)
     cli.init_app(app)
     app.cli.add_command(jobs_cli)
     app.register_blueprint(health.bp)

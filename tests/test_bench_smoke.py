@@ -80,3 +80,24 @@ def test_the_gil_measurement_runs_and_prints_a_row_per_switch_interval():
         assert cells[2].endswith("%")
         assert cells[3].endswith("%")
         assert float(cells[4]) > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_parsing_measurement_runs_and_prints_a_row_per_page_and_way():
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.parsing", "--rounds", "1", "--size", "20000"],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    rows = [line for line in completed.stdout.splitlines() if line.startswith("| ")][1:]
+    ways = [[cell.strip() for cell in row.strip("| ").split(" | ")][1] for row in rows]
+    assert ways == ["in_process", "warm", "cold"] * 2
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
+        assert float(cells[2].removesuffix(" ms")) > 0
+        assert float(cells[4].removesuffix("x")) > 0

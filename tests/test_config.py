@@ -37,6 +37,7 @@ def build(tmp_path, **config):
         ("JOB_CHANGE_CHECK_SECONDS", None, "must be a positive number (got null)"),
         ("DB_BUSY_TIMEOUT_SECONDS", [], "must be a positive number (got [])"),
         ("RECIPE_FETCH_TIMEOUT_SECONDS", "20s", 'must be a positive number (got "20s")'),
+        ("RECIPE_PARSE_SECONDS", 0, "must be a positive number (got 0)"),
         ("JOB_HEARTBEAT_SECONDS", 0, "must be a positive number (got 0)"),
         ("JOB_RESCUE_SECONDS", "often", 'must be a positive number (got "often")'),
         ("JOB_STOP_TIMEOUT_SECONDS", -0.5, "must be a number, 0 or more (got -0.5)"),

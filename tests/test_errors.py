@@ -212,6 +212,15 @@ def test_a_body_within_the_limit_is_read(error_client):
     assert response.get_json() == {"echo": {"text": "short"}}
 
 
+def test_a_body_nested_too_deep_is_a_validation_error_on_any_route(error_client):
+    # Any route reading JSON, not only ours: the limit is the request's own.
+    for data in ("[" * 500 + "]" * 500, "[" * 1000):  # within the 1 KiB limit
+        response = error_client.post("/test/echo", data=data, content_type="application/json")
+        assert response.status_code == 400
+        assert response.get_json()["error"]["code"] == "validation_error"
+        assert list(response.get_json()["error"]["fields"]) == ["_body"]
+
+
 def test_a_uri_over_the_limit_is_414_in_the_envelope_before_auth(make_app):
     client = make_app(MAX_URI_LENGTH=100).test_client()
     answer = client.get("/api/v1/jobs?kind=" + "k" * 100)

@@ -76,6 +76,35 @@ def test_jobs_show_masks_the_secrets_of_urls_in_the_payload_and_result(
     assert row["result"] == {"seen": ["https://***@x.example/r?sig=***#***"]}
 
 
+def test_jobs_list_and_show_mask_the_secrets_of_urls_in_errors(runner, jobs, household, logs):
+    # A quote is a character a URL may hold: the token after it is masked too.
+    url = "https://x.example/r?x=1'&token=SECRET"
+    job_id = jobs.enqueue(
+        "fail_with_failure",
+        {"message": f"could not read {url} (user https://u:SECRET2@x.example/)"},
+        household_id=household.household_id,
+    )
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.FAILED)
+
+    listed = runner.invoke(args=["jobs", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "SECRET" not in listed.output
+    assert (
+        "error=could not read https://x.example/r?x=***&token=*** (user https://***@x.example/)"
+        in (listed.output)
+    )
+    shown = runner.invoke(args=["jobs", "show", job_id])
+    assert shown.exit_code == 0, shown.output
+    assert "SECRET" not in shown.output
+    assert json.loads(shown.output)["payload"]["message"] == (
+        "could not read https://x.example/r?x=***&token=*** (user https://***@x.example/)"
+    )
+    # The runner's line about the failure is masked the same way.
+    assert "SECRET" not in logs.text
+    assert any("https://x.example/r?x=***&token=***" in r.getMessage() for r in logs.records)
+
+
 def test_flask_jobs_work_drains_and_exits_1_when_its_pool_cannot_go_on(jobs, db_path, household):
     register_give_up(jobs)
     job_id = jobs.enqueue("give_up", {}, household_id=household.household_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from mealquest.extensions import get_store
@@ -103,6 +105,48 @@ def test_a_body_that_is_not_a_json_object_is_refused(app, client, auth, data, co
     assert response.status_code == status
     assert response.get_json()["error"]["code"] in ("validation_error", "unsupported_media_type")
     assert job_count(app) == 0
+
+
+def nested(depth: int, inner: str = "0") -> str:
+    """A JSON text of `depth` arrays, one inside the other, around `inner`."""
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # Deep enough for the JSON parser to give up (a RecursionError), well
+        # within the body limit.
+        pytest.param(nested(30_000), id="past-the-parser"),
+        pytest.param("[" * 30_000, id="unclosed"),
+        pytest.param('{"url": "' + URL + '", "x": ' + nested(32) + "}", id="33-levels"),
+        pytest.param('{"a": ' * 200 + "1" + "}" * 200, id="objects"),
+    ],
+)
+def test_a_body_nested_deeper_than_32_levels_is_a_validation_error(app, client, auth, logs, data):
+    response = client.post(
+        "/api/v1/recipe-imports", data=data, content_type="application/json", headers=auth
+    )
+
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error["code"] == "validation_error"
+    assert list(error["fields"]) == ["_body"]
+    assert job_count(app) == 0
+    assert not [record for record in logs.records if record.levelno >= logging.ERROR]
+
+
+def test_a_body_of_32_levels_is_read(app, client, auth):
+    # The object is the first level: 31 arrays inside it make 32.
+    data = '{"url": "' + URL + '", "x": ' + nested(31) + "}"
+
+    response = client.post(
+        "/api/v1/recipe-imports", data=data, content_type="application/json", headers=auth
+    )
+
+    # Read, then refused by the schema for its unknown field, not for its depth.
+    assert response.status_code == 400
+    assert list(response.get_json()["error"]["fields"]) == ["x"]
 
 
 def test_an_oversized_body_is_413(app, client, auth):

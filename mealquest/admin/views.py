@@ -127,7 +127,9 @@ def job(job_id: str) -> ResponseReturnValue:
     return render_template(
         "admin/job.html",
         job=found,
-        fields=[(name, str(value) if value is not None else "") for name, value in fields],
+        # Every value masked, not only the job's own: an idempotency key is
+        # the household's to choose, and may be an address.
+        fields=[(name, mask(str(value)) if value is not None else "") for name, value in fields],
         payload=_pretty(mask(_decoded(found.payload))),
         result=_pretty(mask(found.result)) if found.result is not None else None,
         error=mask(found.error) if found.error else None,

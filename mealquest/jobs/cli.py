@@ -31,7 +31,7 @@ jobs_cli = AppGroup("jobs", help="The job queue.")
 
 
 def _summary(job: Job) -> str:
-    error = f"  error={job.error}" if job.error else ""
+    error = f"  error={mask(job.error)}" if job.error else ""
     return (
         f"{job.id}  {job.status.value:<9}  {job.kind}  household={job.household_id}  "
         f"attempt={job.attempt}/{job.max_attempts}  created={job.created_at}{error}"

@@ -1,5 +1,9 @@
 """The `recipe_import` job kind: fetch the page, parse its recipe, store it.
 
+Parsing runs in a parser process (`mealquest.recipes.parser_pool`), killed
+when it passes `parse_seconds`: such a page fails its job `the page could
+not be read` at once (another attempt would only spend as long again).
+
 Retries: a transient fetch failure (a 5xx, a timeout, a refused or reset
 connection) raises `TransientImportError`, which the runner retries with
 backoff while attempts last. On the last attempt the same failure is raised
@@ -12,10 +16,10 @@ large) is a `Failure` at once.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import gevent
 from flask import Flask
 
 from mealquest.jobs.context import JobContext
@@ -23,8 +27,10 @@ from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.service import get_jobs
 from mealquest.model.jobs import Failure
 from mealquest.model.recipes import ParsedRecipe
+from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
-from mealquest.recipes.parse import ParserFailed, parse_page
+from mealquest.recipes.parse import ParserFailed
+from mealquest.recipes.parser_pool import PageUnreadable
 from mealquest.recipes.schemas import (
     ImportStageSchema,
     RecipeImportResultSchema,
@@ -37,9 +43,11 @@ logger = logging.getLogger(__name__)
 KIND = "recipe_import"
 MAX_ATTEMPTS = 3
 NO_RECIPE = "no recipe found on the page"
-# Time for everything after the fetch (parsing, storing) before the runner's
-# own timeout stops the job.
-_PARSE_AND_STORE_SECONDS = 60.0
+UNREADABLE = "the page could not be read"
+# Time for what comes after the fetch besides the parse itself (starting a
+# parser process, storing the recipe) before the runner's own timeout stops
+# the job.
+_START_AND_STORE_SECONDS = 60.0
 
 _recipe_schema = RecipeSchema()
 
@@ -49,7 +57,9 @@ class TransientImportError(Exception):
     the runner only logs the type below ERROR anyway."""
 
 
-def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy) -> dict[str, Any]:
+def import_recipe(
+    payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy, parsing: Parsing
+) -> dict[str, Any]:
     url = payload["url"]
     ctx.publish({"stage": "fetching"})
     try:
@@ -59,7 +69,7 @@ def import_recipe(payload: dict[str, Any], ctx: JobContext, policy: FetchPolicy)
             raise TransientImportError(error.message) from None
         raise Failure(error.message) from None
     ctx.publish({"stage": "parsing"})
-    parsed = _parse(page, ctx)
+    parsed = _parse(page, ctx, parsing)
     recipe = ctx.write(
         ctx.store.recipes.upsert_for_job,
         household_id=ctx.household_id,
@@ -76,26 +86,35 @@ def public_source_url(url: str) -> str:
     return urlsplit(url)._replace(query="", fragment="").geturl()
 
 
-def _parse(page: Page, ctx: JobContext) -> ParsedRecipe:
-    # Parsing a large page is seconds of CPU: in the hub's native thread pool
-    # it cannot freeze the other greenlets (HTTP requests, heartbeats).
+@dataclass(frozen=True)
+class Parsing:
+    """How pages are parsed: the time each parse may take (wall clock and
+    CPU), and how many parser processes each service process keeps warm."""
+
+    seconds: float
+    processes_kept: int
+
+
+def _parse(page: Page, ctx: JobContext, parsing: Parsing) -> ParsedRecipe:
+    extra = {"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt}
     try:
-        parsed = gevent.get_hub().threadpool.apply(parse_page, (page,))
+        parsed = parser_pool.shared(parsing.processes_kept).parse(page, seconds=parsing.seconds)
+    except PageUnreadable as error:
+        logger.warning("recipe page could not be read: %s", error.reason, extra=extra)
+        raise Failure(UNREADABLE) from None
     except ParserFailed as error:
-        logger.warning(
-            "recipe parser failed (%s)",
-            error,
-            extra={"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt},
-        )
+        logger.warning("recipe parser failed (%s)", error, extra=extra)
         raise Failure(NO_RECIPE) from None
     if parsed is None:
         raise Failure(NO_RECIPE)
     return parsed
 
 
-def register(registry: Registry, policy: FetchPolicy, *, retry_base_seconds: float) -> None:
+def register(
+    registry: Registry, policy: FetchPolicy, parsing: Parsing, *, retry_base_seconds: float
+) -> None:
     def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        return import_recipe(payload, ctx, policy)
+        return import_recipe(payload, ctx, policy, parsing)
 
     registry.register(
         KIND,
@@ -106,13 +125,15 @@ def register(registry: Registry, policy: FetchPolicy, *, retry_base_seconds: flo
         options=KindOptions(
             max_attempts=MAX_ATTEMPTS,
             backoff=Backoff(base_seconds=retry_base_seconds, factor=2.0, max_seconds=600.0),
-            timeout_seconds=policy.total_timeout_seconds + _PARSE_AND_STORE_SECONDS,
+            timeout_seconds=(
+                policy.total_timeout_seconds + parsing.seconds + _START_AND_STORE_SECONDS
+            ),
         ),
     )
 
 
 def init_app(app: Flask) -> None:
-    """Register the `recipe_import` kind with the fetch limits from the config.
+    """Register the `recipe_import` kind with the fetch and parse limits from the config.
 
     The routes are registered on the authenticated `/api/v1` blueprint (see
     `mealquest.api`), not here, so that they cannot skip authentication.
@@ -120,5 +141,11 @@ def init_app(app: Flask) -> None:
     register(
         get_jobs(app).registry,
         FetchPolicy.from_config(app.config),
+        # A warm parser process for each job that may run at once here, and
+        # one more ready for the next parse.
+        Parsing(
+            seconds=float(app.config["RECIPE_PARSE_SECONDS"]),
+            processes_kept=int(app.config["JOB_WORKERS"]) + 1,
+        ),
         retry_base_seconds=float(app.config["RECIPE_IMPORT_RETRY_SECONDS"]),
     )

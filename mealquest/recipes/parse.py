@@ -38,7 +38,8 @@ class ParserFailed(Exception):
 def parse_page(page: Page) -> ParsedRecipe | None:
     """The page's recipe, or None when it has none (or is not HTML).
 
-    Pure CPU work that logs nothing, so it can run in a native thread.
+    Pure CPU work that logs nothing and that a page can make endless: the
+    service runs it in a parser process (`mealquest.recipes.parser_pool`).
     """
     content_type = (page.content_type or "").split(";", 1)[0].strip().lower()
     if content_type and content_type not in _HTML_TYPES:
@@ -48,6 +49,8 @@ def parse_page(page: Page) -> ParsedRecipe | None:
         scraper = scrape_html(html, org_url=page.url, supported_only=False)
     except NoSchemaFoundInWildMode:
         return None
+    except MemoryError:
+        raise  # the page is past the parser's memory limit, not the library's failure
     except Exception as error:
         raise ParserFailed(type(error).__name__) from None
     title = _text(_optional(scraper.title), MAX_TITLE)
@@ -71,6 +74,8 @@ def _optional(getter: Callable[[], Any]) -> Any:
     exceptions, site scrapers included) where a field is missing or odd."""
     try:
         return getter()
+    except MemoryError:
+        raise
     except Exception:
         return None
 

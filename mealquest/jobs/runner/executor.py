@@ -30,6 +30,7 @@ from mealquest.jobs.runner import metrics
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
+from mealquest.masking import mask
 from mealquest.model.jobs import (
     MESSAGE_INTERNAL,
     MESSAGE_TIMED_OUT,
@@ -286,7 +287,7 @@ class Executor:
             # As stored: a message neither database could store would leave
             # the job running until its lease expired.
             message = bounded_failure_message(storable_text(ended.message))
-            logger.info("job failed: %s", message, extra=extra)
+            logger.info("job failed: %s", mask(message), extra=extra)
             return failed(message)
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
