@@ -19,8 +19,8 @@ import gevent
 import pytest
 from flask import Flask
 
-from mealquest.extensions import get_jobs
 from mealquest.households import create_household
+from mealquest.jobs.service import get_jobs
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import Page
@@ -89,7 +89,7 @@ def soft_limits(pid: int) -> dict[str, str]:
 def free_slots(app: Flask) -> int:
     pool = get_jobs(app).pool
     assert pool is not None
-    return pool.executor.free_slots()
+    return pool.slots.free()
 
 
 def test_a_page_past_the_parse_limit_fails_its_job_and_its_process_is_killed(
