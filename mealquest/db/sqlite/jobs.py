@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
-from mealquest.db import claiming, outcomes
+from mealquest.db import claiming, listing, outcomes
 from mealquest.db.driver import Reads, Transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
@@ -669,7 +669,9 @@ def list_jobs(
     before_seq: int | None = None,
     limit: int = 50,
 ) -> list[Job]:
-    """Jobs newest first, filtered; `before_seq` continues a previous page."""
+    """Jobs newest first, filtered; `before_seq` continues a previous page.
+    A household's list goes by an index of its own rows (`listing`), named
+    here, as statistics could make SQLite prefer another."""
     conditions: list[str] = []
     params: list[object] = []
     for column, value in (("household_id", household_id), ("status", status), ("kind", kind)):
@@ -679,9 +681,16 @@ def list_jobs(
     if before_seq is not None:
         conditions.append("seq < ?")
         params.append(before_seq)
+    indexed = ""
+    if household_id is not None:
+        index, implied = listing.household_index(status, kind)
+        indexed = f" INDEXED BY {index}"
+        if implied is not None:
+            conditions.append(implied)
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, limit)
+        f"SELECT {_COLUMNS} FROM jobs{indexed} {where} ORDER BY seq DESC LIMIT ?",
+        (*params, limit),
     ).fetchall()
     return [Job.from_row(row) for row in rows]
 
