@@ -18,7 +18,7 @@ from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.store import SqliteTransaction
 from mealquest.extensions import get_store
 from mealquest.households import create_household
-from mealquest.jobs import quota
+from mealquest.jobs import enqueueing, quota
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.service import JobRequest, get_jobs
@@ -675,3 +675,55 @@ def _indexes_read(store: Any, plans: list[str]) -> set[str]:
                 found.add(line.split(" USING INDEX ")[1].split()[0] if "INDEX" in line else "jobs")
         return found
     return {node.get("Index Name", "jobs") for node in _nodes_reading_jobs(plans)}
+
+
+def test_an_enqueue_reads_about_its_own_row_however_long_its_households_history(
+    make_app, household
+):
+    # Each enqueue counts the household's quota and its queue row's triggers
+    # read its running jobs: through the partial indexes of queued and running
+    # rows, never an index of its whole history (a bulk enqueue of 5,000 jobs
+    # was quadratic so, and outlasted the writer's deadline).
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=10_000)
+    jobs, store = get_jobs(app), get_store(app)
+    if store.name != "sqlite":
+        pytest.skip("SQLite's virtual machine steps are what is counted here")
+    mine = household.household_id
+
+    def finish(count: int) -> None:
+        jobs.enqueue_many([JobRequest("succeed", {"value": 1}, mine)] * count)
+        sql.execute(
+            store,
+            "UPDATE jobs SET status = 'succeeded', attempt = 1, started_at = created_at, "
+            "finished_at = created_at WHERE status = 'queued'",
+        )
+
+    def steps() -> int:
+        """Steps of one quota count, one insert and one running-load read."""
+        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        (request,) = enqueueing.prepare_all(
+            jobs.registry, [JobRequest("succeed", {"value": 2}, mine)]
+        )
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.set_progress_handler(count, 100)
+            tx = SqliteTransaction(conn)
+            store.jobs.count_pending(tx, mine, 10_000)
+            assert store.jobs.insert_job(tx, request)
+            store.jobs.household_load(tx, mine)
+            conn.set_progress_handler(None, 0)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        return counted[0]
+
+    finish(20)
+    few = steps()
+    finish(2_000)
+    assert steps() <= 2 * few
