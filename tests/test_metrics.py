@@ -154,6 +154,29 @@ def test_the_runner_counts_each_outcome_and_times_each_run(client, jobs, househo
     assert delta(duration, kind="flaky") == 2
 
 
+def test_a_snooze_is_counted_as_its_own_outcome(client, jobs, household, operator):
+    runs = "mealquest_job_runs_total"
+    before = scrape(client, operator)
+    job_id = jobs.enqueue(
+        "snooze_then_succeed", {"seconds": 0.0, "times": 1}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    after = wait_for(
+        lambda: (
+            (text := scrape(client, operator))
+            and value(text, runs, kind="snooze_then_succeed", outcome="succeeded")
+            > value(before, runs, kind="snooze_then_succeed", outcome="succeeded")
+            and text
+        )
+    )
+    for outcome, counted in (("snoozed", 1), ("retried", 0), ("succeeded", 1)):
+        delta = value(after, runs, kind="snooze_then_succeed", outcome=outcome) - value(
+            before, runs, kind="snooze_then_succeed", outcome=outcome
+        )
+        assert delta == counted, outcome
+
+
 def test_a_stop_counts_the_jobs_it_interrupts(client, jobs, household, operator, gates):
     before = scrape(client, operator)
     job_id = jobs.enqueue(

@@ -160,6 +160,14 @@ SETTINGS: tuple[Setting, ...] = (
         "[Fair shares](#fair-shares-between-households-quota-and-claim-order)",
     ),
     Setting(
+        "JOB_MAX_SNOOZES",
+        50,
+        rules.whole(0),
+        "how many times a job may be snoozed (a handler's `Snooze`, which spends no "
+        "attempt); the next snooze fails it `snoozed too often`. See "
+        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+    ),
+    Setting(
         "JOB_STOP_TIMEOUT_SECONDS",
         25.0,
         rules.not_negative,

@@ -45,7 +45,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 JOB_RUNS = Counter(
     "mealquest_job_runs",
     "Job attempts that ended, by kind and outcome "
-    "(succeeded, failed, retried, cancelled, interrupted).",
+    "(succeeded, failed, retried, snoozed, cancelled, interrupted).",
     ["kind", "outcome"],
     registry=REGISTRY,
 )

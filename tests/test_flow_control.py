@@ -1,0 +1,108 @@
+"""Flow control with the real runner, on both databases (and through PgBouncer):
+jobs snoozed by their handlers, and limits per partition held across two
+`flask jobs work` processes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from mealquest.clock import from_text
+from mealquest.jobs.service import get_jobs
+from mealquest.model.jobs import MESSAGE_SNOOZED_TOO_OFTEN, Status
+from tests.conftest import wait_for
+from tests.support.kinds import RATED
+from tests.support.processes import flask_jobs_work, process_group
+
+# Also through PgBouncer in transaction mode (see tests/conftest.py).
+pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
+
+FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
+def final(jobs: Any, job_id: str) -> Any:
+    job = jobs.get(job_id)
+    return job if job.status in FINAL else None
+
+
+# -- snooze -----------------------------------------------------------------------------
+
+
+def test_a_snoozed_job_runs_again_after_its_delay_without_spending_an_attempt(make_app, household):
+    jobs = get_jobs(make_app())
+    job_id = jobs.enqueue(
+        "snooze_then_succeed", {"seconds": 0.2, "times": 2}, household_id=household.household_id
+    )
+    jobs.start_pool()
+
+    done = wait_for(lambda: final(jobs, job_id))
+
+    assert (done.status, done.result, done.attempt, done.snoozes) == (
+        Status.SUCCEEDED,
+        {"attempt": 1},
+        1,
+        2,
+    )
+    # Its last due time was set by the second snooze, 0.2 s after a run that
+    # began after the first one's 0.2 s.
+    assert from_text(done.run_at) - from_text(done.created_at) >= timedelta(seconds=0.4)
+
+
+def test_a_job_snoozed_more_often_than_allowed_fails_snoozed_too_often(make_app, household):
+    jobs = get_jobs(make_app(JOB_MAX_SNOOZES=3))
+    job_id = jobs.enqueue(
+        "snooze_then_succeed", {"seconds": 0.0, "times": 100}, household_id=household.household_id
+    )
+    jobs.start_pool()
+
+    done = wait_for(lambda: final(jobs, job_id))
+
+    assert (done.status, done.error, done.snoozes, done.attempt) == (
+        Status.FAILED,
+        MESSAGE_SNOOZED_TOO_OFTEN,
+        3,
+        1,
+    )
+
+
+def test_a_cancel_that_reaches_a_snoozing_handler_wins(make_app, household, gates):
+    jobs = get_jobs(make_app())
+    job_id = jobs.enqueue(
+        "snooze_at_gate", {"url": gates.url("s")}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    wait_for(lambda: gates.arrivals("s") == 1)
+
+    assert jobs.cancel(job_id).status is Status.RUNNING
+    gates.open("s")
+
+    done = wait_for(lambda: final(jobs, job_id))
+    assert (done.status, done.snoozes) == (Status.CANCELLED, 0)
+
+
+# -- limits per partition -----------------------------------------------------------------
+
+
+def test_a_partitions_rate_is_never_exceeded_across_two_processes(database, make_app, household):
+    app = make_app()
+    jobs = get_jobs(app)
+    keyed = {
+        key: [
+            jobs.enqueue("rated", {"key": key}, household_id=household.household_id)
+            for _ in range(5)
+        ]
+        for key in ("p", "q")
+    }
+    with process_group() as processes:
+        processes.extend(
+            flask_jobs_work(database, JOB_WORKERS=3, JOB_POLL_SECONDS=0.05) for _ in range(2)
+        )
+        wait_for(lambda: all(final(jobs, i) for ids in keyed.values() for i in ids))
+    count, per_seconds = RATED
+    for ids in keyed.values():
+        starts = sorted(from_text(jobs.get(i).started_at) for i in ids)
+        # Any `count` + 1 starts of a partition span at least the window.
+        spans = [starts[n + count] - starts[n] for n in range(len(starts) - count)]
+        assert min(spans) >= timedelta(seconds=per_seconds), starts
