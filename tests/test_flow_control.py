@@ -1,20 +1,24 @@
 """Flow control with the real runner, on both databases (and through PgBouncer):
-jobs snoozed by their handlers, and limits per partition held across two
-`flask jobs work` processes."""
+a kind paused across processes, jobs snoozed by their handlers, and limits
+per partition held across two `flask jobs work` processes."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mealquest.clock import from_text
+from mealquest.extensions import get_store
+from mealquest.jobs import flow
 from mealquest.jobs.service import get_jobs
 from mealquest.model.jobs import MESSAGE_SNOOZED_TOO_OFTEN, Status
 from tests.conftest import wait_for
 from tests.support.kinds import RATED
-from tests.support.processes import flask_jobs_work, process_group
+from tests.support.processes import flask_jobs_work, process_group, wait_working
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).
 pytestmark = [pytest.mark.both_databases, pytest.mark.through_pgbouncer]
@@ -25,6 +29,64 @@ FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 def final(jobs: Any, job_id: str) -> Any:
     job = jobs.get(job_id)
     return job if job.status in FINAL else None
+
+
+def _pids_in(path: Path) -> set[int]:
+    if not path.exists():
+        return set()
+    return {int(line.split()[1]) for line in path.read_text().splitlines() if line}
+
+
+def claims_made_by_both(jobs: Any, household: Any, processes: list[Any], markers: Path) -> bool:
+    """Enqueue a marker job; true once each process has run one: a claim of
+    that process took a job enqueued after this point in the test."""
+    jobs.enqueue(
+        "append_job_id",
+        {"log": str(markers), "seconds": 0.0},
+        household_id=household.household_id,
+    )
+    return _pids_in(markers) >= {worker.pid for worker in processes}
+
+
+# -- pause ------------------------------------------------------------------------------
+
+
+def test_a_paused_kind_lets_its_running_jobs_finish_and_runs_the_queued_once_after_resume(
+    database, make_app, household, gates, tmp_path
+):
+    # This app only enqueues and pauses: its pool never starts.
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    log, markers = tmp_path / "runs.log", tmp_path / "markers.log"
+    gated = [
+        jobs.enqueue(
+            "gated", {"url": gates.url("p"), "log": str(log)}, household_id=household.household_id
+        )
+        for _ in range(6)
+    ]
+    with process_group() as processes:
+        processes.extend(
+            flask_jobs_work(database, JOB_WORKERS=2, JOB_POLL_SECONDS=0.05) for _ in range(2)
+        )
+        for worker in processes:
+            wait_working(worker)
+        wait_for(lambda: gates.arrivals("p") == 4)
+
+        assert flow.pause(store, jobs.registry, "gated") is flow.Change.PAUSED
+        gates.open("p")
+        # The four that ran when the kind was paused finish as they would.
+        wait_for(lambda: sum(jobs.get(i).status is Status.SUCCEEDED for i in gated) == 4)
+        # Both processes have claimed since (their slots freed): the two
+        # older queued jobs came first in the claim's order, and stayed.
+        wait_for(lambda: claims_made_by_both(jobs, household, processes, markers), interval=0.1)
+        assert sorted(jobs.get(i).status for i in gated).count(Status.QUEUED) == 2
+        assert gates.arrivals("p") == 4
+
+        assert flow.resume(store, "gated") is flow.Change.RESUMED
+        wait_for(lambda: all(final(jobs, i) for i in gated))
+    assert all(jobs.get(i).status is Status.SUCCEEDED for i in gated)
+    starts = Counter(line.split()[1] for line in log.read_text().splitlines() if line[0] == "+")
+    assert starts == Counter(dict.fromkeys(gated, 1))
 
 
 # -- snooze -----------------------------------------------------------------------------
