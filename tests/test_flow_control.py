@@ -4,6 +4,7 @@ per partition held across two `flask jobs work` processes."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from mealquest.jobs.service import get_jobs
 from mealquest.model.jobs import MESSAGE_SNOOZED_TOO_OFTEN, Status
 from tests.conftest import wait_for
 from tests.support.kinds import RATED
+from tests.support.pages import PageServer, Reply
 from tests.support.processes import flask_jobs_work, process_group, wait_working
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).
@@ -168,3 +170,56 @@ def test_a_partitions_rate_is_never_exceeded_across_two_processes(database, make
         # Any `count` + 1 starts of a partition span at least the window.
         spans = [starts[n + count] - starts[n] for n in range(len(starts) - count)]
         assert min(spans) >= timedelta(seconds=per_seconds), starts
+
+
+def test_one_hosts_imports_run_at_most_its_limit_at_once_and_another_hosts_passes_them(
+    database, make_app, household
+):
+    held = threading.Event()
+    site_a, site_b = PageServer("127.0.0.1").start(), PageServer("127.0.0.2").start()
+    try:
+        # Each page answers (a 404: the import ends at once, nothing to parse)
+        # only once the test lets it: until then, the import's fetch is in
+        # flight, and the page server counts it.
+        for number in range(40):
+            site_a.add(f"/a/{number}", Reply(status=404, body=b"gone", hold=held))
+        site_b.add("/b", Reply(status=404, body=b"gone"))
+        jobs = get_jobs(make_app())
+
+        def import_from(url: str) -> str:
+            return jobs.enqueue("recipe_import", {"url": url}, household_id=household.household_id)
+
+        from_a = [import_from(site_a.url(f"/a/{number}")) for number in range(40)]
+        with process_group() as processes:
+            processes.extend(
+                flask_jobs_work(
+                    database,
+                    JOB_WORKERS=3,
+                    JOB_POLL_SECONDS=0.05,
+                    ALLOW_PRIVATE_URLS="true",
+                    RECIPE_FETCH_MAX_PER_HOST=2,
+                    RECIPE_FETCH_PER_HOST_PER_MINUTE=0,
+                    RECIPE_FETCH_TIMEOUT_SECONDS=600,
+                )
+                for _ in range(2)
+            )
+            for worker in processes:
+                wait_working(worker)
+            wait_for(lambda: site_a.in_flight == 2)
+
+            from_b = import_from(site_b.url("/b"))
+
+            # B's import ran while A's backlog waited: the claims passed over it.
+            assert wait_for(lambda: final(jobs, from_b)).status is Status.FAILED
+            assert site_b.total_hits == 1
+            assert (site_a.in_flight, site_a.total_hits) == (2, 2)
+            assert sum(jobs.get(i).status is Status.QUEUED for i in from_a) == 38
+            held.set()
+            wait_for(lambda: all(final(jobs, i) for i in from_a), timeout=60)
+    finally:
+        held.set()
+        site_a.stop()
+        site_b.stop()
+    assert site_a.most_in_flight == 2
+    assert site_a.total_hits == 40
+    assert {jobs.get(i).error for i in from_a} == {"the page could not be fetched (HTTP 404)"}

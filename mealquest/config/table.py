@@ -318,6 +318,21 @@ SETTINGS: tuple[Setting, ...] = (
         "delay before retrying a transient fetch failure, doubled for the third and last "
         "attempt (±10 %)",
     ),
+    Setting(
+        "RECIPE_FETCH_MAX_PER_HOST",
+        2,
+        rules.whole(0),
+        "recipe imports of one host (the URL's, lower case, `www.` left out) that run at "
+        "once in the whole deployment; `0`: no limit. See "
+        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+    ),
+    Setting(
+        "RECIPE_FETCH_PER_HOST_PER_MINUTE",
+        30,
+        rules.whole(0),
+        "recipe imports of one host that may start in any minute, in the whole "
+        "deployment; `0`: no limit",
+    ),
 )
 
 DEFAULTS: dict[str, Any] = {setting.key: setting.default for setting in SETTINGS}
