@@ -53,6 +53,8 @@ SQLITE_FIGURES = (
     "fair_claim_households",
     "fair_claim_vs_oldest_first",
     "fair_b_behind_a",
+    "partition_claim_vs_unlimited",
+    "partition_claim_past_a_backlog",
     "rss_growth",
 )
 PG_FIGURES = (
@@ -364,23 +366,54 @@ def measure_claims(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
 FAIR_HOUSEHOLDS = 1_000
 # How long each of household A's jobs runs in the B-behind-A delay.
 FAIR_RUN_SECONDS = 0.02
+# Partitions the partitioned figures spread the fair claim's jobs over, and
+# the jobs of the one at its limit that every claim passes over.
+FAIR_PARTITIONS = 1_000
+FAIR_BACKLOG = 2_000
 
 
 def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
     many = fairness.build_queue(workdir, "many.sqlite3", FAIR_HOUSEHOLDS, sizes.fair_jobs)
     one = fairness.build_queue(workdir, "one.sqlite3", 1, sizes.fair_jobs)
-    runs: dict[str, list[float]] = {"many": [], "one": [], "oldest_first": []}
+    spread = fairness.build_queue(
+        workdir, "spread.sqlite3", FAIR_HOUSEHOLDS, sizes.fair_jobs, partitions=FAIR_PARTITIONS
+    )
+    backlog = fairness.build_queue(
+        workdir,
+        "backlog.sqlite3",
+        FAIR_HOUSEHOLDS,
+        sizes.fair_jobs,
+        partitions=FAIR_PARTITIONS,
+        backlog=FAIR_BACKLOG,
+    )
+    runs: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "many",
+            "one",
+            "oldest_first",
+            "spread",
+            "spread_unlimited",
+            "backlog",
+            "backlog_unlimited",
+        )
+    }
     for repeat in range(sizes.repeats):
-        for name, source, claim in (
-            ("many", many, "fair"),
-            ("one", one, "fair"),
-            ("oldest_first", many, "oldest_first"),
+        for name, source, claim, limited in (
+            ("many", many, "fair", False),
+            ("one", one, "fair", False),
+            ("oldest_first", many, "oldest_first", False),
+            ("spread", spread, "fair", True),
+            ("spread_unlimited", spread, "fair", False),
+            ("backlog", backlog, "fair", True),
+            ("backlog_unlimited", backlog, "fair", False),
         ):
             db = copy_database(source, workdir / f"fair-{name}-{repeat}.sqlite3")
             args = {
                 "db": db,
                 "claims": sizes.claims,
                 "claim": claim,
+                "limited": limited,
                 "synchronous": SYNCHRONOUS,
                 "log": str(log),
             }
@@ -406,6 +439,26 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         "the plain oldest-first claim, same table",
         "measured",
     )
+    partitioned = figure(
+        "partition_claim_vs_unlimited",
+        median(runs["spread"]),
+        "claims/s",
+        median(runs["spread_unlimited"]),
+        "claims/s",
+        f"the same claims without limits, same table ({FAIR_PARTITIONS:,} partitions)",
+        "≥ 0.8x",
+    )
+    partitioned["met"] = _at_least(partitioned["ratio"], 0.8)
+    past_backlog = figure(
+        "partition_claim_past_a_backlog",
+        median(runs["backlog"]),
+        "claims/s",
+        median(runs["backlog_unlimited"]),
+        "claims/s",
+        f"the same claims without limits, same table (which take the {FAIR_BACKLOG:,} "
+        "jobs of the partition at its limit instead)",
+        "report",
+    )
     delays = []
     for repeat in range(sizes.repeats):
         db, household = fresh_database(workdir, f"fair-delay-{repeat}.sqlite3")
@@ -430,7 +483,7 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         met=delay <= 2,
         ratio=False,
     )
-    return [households, price, behind]
+    return [households, price, behind, partitioned, past_backlog]
 
 
 def measure_memory(sizes: Sizes, workdir: Path) -> list[dict]:

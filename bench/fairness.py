@@ -11,21 +11,34 @@
 * The B-behind-A delay: one worker, household A queues many jobs, then
   household B one; B's wait for its job to start, in A's job run times (the
   real runner; oldest first, B would wait for all of A's).
+* Limits per partition: the same loop with the jobs spread over 1,000
+  partitions, claimed under a recipe import's limits (2 running, 30 starts
+  a minute per partition), against the same claims without limits on the
+  same table; and again with one partition at its limit holding a backlog
+  ahead of every household's other jobs, which each claim passes over.
 """
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench.common import fresh_database
 from bench.throughput import INSERT
 from mealquest.clock import to_text
-from mealquest.model.jobs import ClaimRequest, Transition
+from mealquest.model.jobs import ClaimRequest, PartitionLimits, Rate, Transition
+
+# What each partition may do in the partitioned figures: a recipe import's defaults.
+LIMITS = PartitionLimits(max_running=2, rate=Rate(30, 60.0))
+_INSERT_IN_PARTITION = (
+    "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, run_at, "
+    "created_at, updated_at, partition_key) VALUES (?, ?, 'noop', '{}', 'queued', 1, ?, ?, ?, ?)"
+)
 
 # The oldest-first claim the runner made before fair claiming, for comparison.
 OLDEST_FIRST = (
@@ -36,9 +49,23 @@ OLDEST_FIRST = (
 )
 
 
-def build_queue(directory: Path, name: str, households: int, jobs: int) -> str:
+def build_queue(
+    directory: Path,
+    name: str,
+    households: int,
+    jobs: int,
+    *,
+    partitions: int = 0,
+    backlog: int = 0,
+) -> str:
     """A migrated database whose `households` households hold `jobs` queued jobs
-    between them, posted in turns (as households posting at once would)."""
+    between them, posted in turns (as households posting at once would).
+
+    With `partitions`, each job is in one of that many partitions, drawn at
+    random (seeded), so each household's jobs cross many partitions and each
+    partition many households. With `backlog`, that many more jobs of one
+    more partition come first (each household's oldest), and two more of it
+    run (never to finish here): that partition is at its limit of 2."""
     db, first = fresh_database(directory, name)
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
@@ -50,17 +77,47 @@ def build_queue(directory: Path, name: str, households: int, jobs: int) -> str:
         for number in range(1, households)
     ]
     now = to_text(datetime.now(UTC))
-    conn.executemany(
-        INSERT,
-        (
-            (uuid.uuid4().hex, ids[number % households], "noop", "{}", 1, now, now, now)
-            for number in range(jobs)
-        ),
-    )
+    if partitions:
+        _insert_partitioned(conn, ids, jobs, partitions, backlog)
+    else:
+        conn.executemany(
+            INSERT,
+            (
+                (uuid.uuid4().hex, ids[number % households], "noop", "{}", 1, now, now, now)
+                for number in range(jobs)
+            ),
+        )
     conn.execute("COMMIT")
     conn.execute("ANALYZE")
     conn.close()
     return db
+
+
+def _insert_partitioned(
+    conn: sqlite3.Connection, households: list[int], jobs: int, partitions: int, backlog: int
+) -> None:
+    draw = random.Random(7)
+    moment = datetime.now(UTC)
+    # The backlog is older than every other job: each claim meets it first.
+    old = to_text(moment - timedelta(seconds=1))
+    now = to_text(moment)
+    rows = [
+        (uuid.uuid4().hex, households[number % len(households)], old, old, old, "hot")
+        for number in range(backlog)
+    ] + [
+        (uuid.uuid4().hex, households[number % len(households)], now, now, now, f"p{part}")
+        for number, part in enumerate(draw.randrange(partitions) for _ in range(jobs))
+    ]
+    conn.executemany(_INSERT_IN_PARTITION, rows)
+    if backlog:
+        for number in range(2):
+            conn.execute(
+                "INSERT INTO jobs (id, household_id, kind, payload, status, attempt, "
+                "max_attempts, run_at, created_at, updated_at, started_at, lease_owner, "
+                "lease_expires_at, partition_key) VALUES (?, ?, 'noop', '{}', 'running', 1, 1, "
+                "?, ?, ?, ?, 'bench-hot', '9999-01-01T00:00:00.000000Z', 'hot')",
+                (uuid.uuid4().hex, households[number], old, old, old, old),
+            )
 
 
 def fair_claim_child(args: dict) -> dict:
@@ -83,10 +140,16 @@ def fair_claim_child(args: dict) -> dict:
                 {"owner": "bench", "expires": to_text(moment), "now": to_text(moment), "limit": 1},
             ).fetchall()
             return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
-        claimed = queries.claim(
-            tx, ClaimRequest(owner="bench", lease_seconds=30.0, limit=1, kinds=("noop",))
-        )
+        claimed = queries.claim(tx, request)
         return [job.lease for job in claimed]
+
+    request = ClaimRequest(
+        owner="bench",
+        lease_seconds=30.0,
+        limit=1,
+        kinds=("noop",),
+        partitions={"noop": LIMITS} if args.get("limited") else {},
+    )
 
     previous: list[Any] = []
     started = time.perf_counter()

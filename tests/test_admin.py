@@ -97,7 +97,7 @@ def force_failed(store, job_id):
 def routes(job_id):
     pages = ["/admin/", "/admin/jobs", f"/admin/jobs/{job_id}", "/admin/static/refresh.js"]
     posts = [f"/admin/jobs/{job_id}/{action}" for action in ("retry", "cancel", "delete")]
-    return pages, [*posts, "/admin/sign-out"]
+    return pages, [*posts, "/admin/kinds/pause", "/admin/kinds/resume", "/admin/sign-out"]
 
 
 def assert_refused(client, job_id, headers=None):
@@ -449,6 +449,7 @@ def test_a_jobs_page_shows_every_field(admin_app, admin_jobs, some_household, op
         "finished_at",
         "on_interrupt",
         "interruptions",
+        "snoozes",
     ):
         assert f'id="field-{name}">{getattr(job, name)}<' in text, name
     assert "no soup" in text
@@ -457,6 +458,103 @@ def test_a_jobs_page_shows_every_field(admin_app, admin_jobs, some_household, op
 
 
 # -- actions ----------------------------------------------------------------------------------
+
+
+def test_a_kind_is_paused_and_resumed_from_the_overview_by_an_operator(
+    admin_app, admin_store, admin_jobs, some_household, operator, logs
+):
+    job_id = enqueue(admin_jobs, some_household)
+    client, _ = signed_in(admin_app, operator.token)
+    overview = client.get("/admin/").get_data(as_text=True)
+    assert "taking its jobs" in overview
+    assert "paused</span>" not in overview
+
+    # Without the page's CSRF token, nothing is paused.
+    assert client.post("/admin/kinds/pause", data={"kind": "succeed"}).status_code == 400
+    assert sql.rows(admin_store, "SELECT kind FROM paused_kinds") == []
+    answer = client.post(
+        "/admin/kinds/pause", data={"kind": "succeed", "csrf_token": csrf_of(client.get("/admin/"))}
+    )
+
+    assert answer.status_code == 303
+    assert answer.headers["Location"].endswith("/admin/")
+    page = client.get("/admin/").get_data(as_text=True)
+    assert "succeed: paused: no process claims its jobs" in page
+    assert f"by operator {operator.operator_id}" in page
+    assert 'class="resume"' in page
+    [row] = sql.rows(admin_store, "SELECT kind, operator_id FROM paused_kinds")
+    assert row == {"kind": "succeed", "operator_id": operator.operator_id}
+    [record] = [r for r in logs.records if getattr(r, "operator_id", None) == operator.operator_id]
+    assert record.kind == "succeed"
+    assert record.getMessage() == f"operator {operator.operator_id}: pause a kind: paused"
+    # Its queued job's page says why it waits.
+    assert "Waiting: Its kind is paused" in client.get(f"/admin/jobs/{job_id}").get_data(
+        as_text=True
+    )
+
+    admin_jobs.start_pool()
+    resumed = post(client, "/admin/kinds/resume", "/admin/")
+    assert resumed.status_code == 400  # no kind named
+    answer = client.post(
+        "/admin/kinds/resume",
+        data={"kind": "succeed", "csrf_token": csrf_of(client.get("/admin/"))},
+    )
+    assert answer.status_code == 303
+    assert "succeed: resumed" in client.get("/admin/").get_data(as_text=True)
+    wait_for(lambda: admin_jobs.get(job_id).status == Status.SUCCEEDED)
+    assert sql.rows(admin_store, "SELECT kind FROM paused_kinds") == []
+
+
+def test_only_a_kind_this_release_runs_is_paused_from_the_dashboard(
+    admin_app, admin_store, operator
+):
+    client, _ = signed_in(admin_app, operator.token)
+    for kind in ("no_such_kind", "", "x" * 5_000):
+        answer = client.post(
+            "/admin/kinds/pause", data={"kind": kind, "csrf_token": csrf_of(client.get("/admin/"))}
+        )
+        assert answer.status_code == 400, kind
+    assert sql.rows(admin_store, "SELECT kind FROM paused_kinds") == []
+
+
+def test_a_queued_jobs_page_says_its_partition_is_at_its_limit_or_its_rate(
+    admin_app, admin_store, admin_jobs, some_household, operator
+):
+    from mealquest.model.jobs import ClaimRequest
+
+    # An hour's window: the partition is still full when the page is read.
+    first, second, third = (
+        admin_jobs.enqueue("rated_hourly", {"key": "p"}, household_id=some_household.household_id)
+        for _ in range(3)
+    )
+    limits = admin_jobs.registry.partition_limits()
+    started = admin_store.write(
+        admin_store.jobs.claim,
+        ClaimRequest(
+            owner="w.1", lease_seconds=60, limit=3, kinds=("rated_hourly",), partitions=limits
+        ),
+    )
+    assert {job.id for job in started} == {first, second}
+    client, _ = signed_in(admin_app, operator.token)
+
+    text = client.get(f"/admin/jobs/{third}").get_data(as_text=True)
+
+    assert "Waiting: Its partition p started 2 jobs in 3600 s, as many as its rate allows" in text
+    assert 'id="field-partition_key">p<' in text
+    assert "Waiting:" not in client.get(f"/admin/jobs/{first}").get_data(as_text=True)
+    running, waiting = (
+        admin_jobs.enqueue("one_per_key", {"key": "q"}, household_id=some_household.household_id)
+        for _ in range(2)
+    )
+    [taken] = admin_store.write(
+        admin_store.jobs.claim,
+        ClaimRequest(
+            owner="w.2", lease_seconds=60, limit=2, kinds=("one_per_key",), partitions=limits
+        ),
+    )
+    assert taken.id == running
+    text = client.get(f"/admin/jobs/{waiting}").get_data(as_text=True)
+    assert "Waiting: Its partition q has 1 jobs running, its limit of 1." in text
 
 
 def test_retry_queues_a_failed_job_afresh_and_it_runs_again(

@@ -22,7 +22,7 @@ from mealquest.jobs import enqueueing, quota
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.service import JobRequest, get_jobs
-from mealquest.model.jobs import ClaimRequest, Status
+from mealquest.model.jobs import ClaimRequest, PartitionLimits, Rate, Status
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, most_at_once
@@ -644,12 +644,119 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
     assert steps() <= 2 * few
 
 
+def test_a_claim_under_partition_limits_reads_no_table_whole_with_1000_partitions(
+    make_app, household, other_household
+):
+    # A claim of a kind with limits per partition counts the running jobs
+    # that have a partition and reads the ledgers of the partitions at their
+    # rate and of those it picks: through indexes, never by reading `jobs`
+    # or the ledgers whole, and about as much as the same claim without them.
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=10_000)
+    jobs, store = get_jobs(app), get_store(app)
+    for owner in (household, other_household):
+        jobs.enqueue_many([JobRequest("succeed", {"value": 1}, owner.household_id)] * 2_000)
+    sql.execute(store, "UPDATE jobs SET partition_key = 'p' || (seq - seq / 1000 * 1000)")
+    limited = {"succeed": PartitionLimits(max_running=2, rate=Rate(30, 60.0))}
+
+    def claim(tx: Any, partitions: Any = limited) -> list[Any]:
+        request = ClaimRequest(
+            owner="w.1", lease_seconds=60, limit=4, kinds=("succeed",), partitions=partitions
+        )
+        return store.jobs.claim(tx, request)
+
+    # Some partitions at their running limit, others with starts in their
+    # ledgers, and a ledger for every partition (the table as it grows).
+    for _ in range(3):
+        store.write(claim)
+    if store.name == "postgresql":
+        sql.execute(
+            store,
+            "INSERT INTO partition_rates SELECT 'succeed', 'p' || n, "
+            "ARRAY['2000-01-01T00:00:00Z'::timestamptz], NULL, '2000-01-01T00:00:00Z' "
+            "FROM generate_series(0, 999) AS n ON CONFLICT DO NOTHING",
+        )
+    else:
+        sql.execute(
+            store,
+            "WITH RECURSIVE n(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM n WHERE x < 999) "
+            "INSERT INTO partition_rates SELECT 'succeed', 'p' || x, "
+            "'[\"2000-01-01T00:00:00.000000Z\"]', NULL, '2000-01-01T00:00:00.000000Z' FROM n "
+            "WHERE true ON CONFLICT DO NOTHING",
+        )
+    sql.execute(
+        store,
+        "UPDATE jobs SET partition_key = 'p0' WHERE status = 'running' AND seq IN "
+        "(SELECT seq FROM jobs WHERE status = 'running' ORDER BY seq LIMIT 2)",
+    )
+    if store.name == "postgresql":
+        sql.execute(store, "ANALYZE")
+
+    def explained(partitions: Any) -> tuple[list[str], int]:
+        def measure(tx: Any) -> None:
+            explaining = _Explaining(tx, store)
+            assert len(claim(explaining, partitions)) == 4
+            raise _Measured(explaining.plans)
+
+        with pytest.raises(_Measured) as measured:
+            store.write(measure)
+        plans = measured.value.args[0]
+        if store.name == "postgresql":
+            return plans, max(_rows_of_jobs_read(plans))
+        return plans, 0
+
+    plans, rows = explained(limited)
+    if store.name == "postgresql":
+        assert rows <= 40, rows
+        # A handful of paused kinds is read whole, as it should be; nothing else.
+        scanned = {n["Relation Name"] for n in _nodes_of(plans) if n["Node Type"] == "Seq Scan"}
+        assert scanned <= {"paused_kinds"}, scanned
+        return
+    text = "\n".join(plans)
+    for table in ("jobs", "partition_rates"):
+        whole = [line for line in text.splitlines() if line.startswith(f"SCAN {table}")]
+        assert all(" USING " in line for line in whole), text
+    assert {"jobs_partition_running", "jobs_claim"} <= _indexes_read(store, plans)
+
+    def steps(partitions: Any) -> int:
+        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.set_progress_handler(count, 100)
+            assert len(claim(SqliteTransaction(conn), partitions)) == 4
+            conn.set_progress_handler(None, 0)
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+        return counted[0]
+
+    assert steps(limited) <= 2 * steps({})
+
+
 def _nodes_reading_jobs(plans: list[str]) -> Iterator[dict[str, Any]]:
     """Each node of PostgreSQL's JSON plans that reads the `jobs` table."""
 
     def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if node.get("Relation Name") == "jobs":
             yield node
+        for child in node.get("Plans", []):
+            yield from walk(child)
+
+    for plan in plans:
+        for entry in json.loads(plan):
+            yield from walk(entry["Plan"])
+
+
+def _nodes_of(plans: list[str]) -> Iterator[dict[str, Any]]:
+    """Every node of PostgreSQL's JSON plans."""
+
+    def walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
         for child in node.get("Plans", []):
             yield from walk(child)
 

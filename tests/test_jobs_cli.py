@@ -1,5 +1,5 @@
-"""`flask jobs list | show`, and how `flask jobs work` ends when its pool cannot go on
-(its other runs are in tests/test_multiprocess.py)."""
+"""`flask jobs list | show | pause | resume`, and how `flask jobs work` ends when
+its pool cannot go on (its other runs are in tests/test_multiprocess.py)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,40 @@ def test_jobs_list_and_show(runner, jobs, household, other_household):
         {"value": 1},
         1,
     )
+
+
+def test_jobs_pause_and_resume_a_kind_for_every_claim(runner, jobs, store, household):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+
+    paused = runner.invoke(args=["jobs", "pause", "succeed"])
+    again = runner.invoke(args=["jobs", "pause", "succeed"])
+
+    assert paused.exit_code == 0, paused.output
+    assert paused.output.startswith("succeed: paused: no process claims its jobs")
+    assert (again.exit_code, again.output) == (0, "succeed: already paused\n")
+    rows = sql.rows(store, "SELECT kind, operator_id FROM paused_kinds")
+    assert rows == [{"kind": "succeed", "operator_id": None}]  # from the CLI
+    # A claim took a later job of the household, and left the paused one.
+    jobs.start_pool()
+    other = jobs.enqueue("sleep", {"seconds": 0.0}, household_id=household.household_id)
+    wait_for(lambda: jobs.get(other).status == Status.SUCCEEDED)
+    assert jobs.get(job_id).status == Status.QUEUED
+
+    resumed = runner.invoke(args=["jobs", "resume", "succeed"])
+    assert resumed.output.startswith("succeed: resumed")
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    not_paused = runner.invoke(args=["jobs", "resume", "succeed"])
+    assert (not_paused.exit_code, not_paused.output) == (0, "succeed: not paused\n")
+
+
+def test_jobs_pause_refuses_a_kind_no_handler_registers_in_one_line(runner, store):
+    refused = runner.invoke(args=["jobs", "pause", "no_such_kind"])
+
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines() == [
+        "Error: No handler is registered for that job kind: no_such_kind"
+    ]
+    assert sql.rows(store, "SELECT kind FROM paused_kinds") == []
 
 
 def test_jobs_show_unknown_and_bad_status(runner):

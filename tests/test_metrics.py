@@ -29,6 +29,7 @@ NAMES = {
     "mealquest_job_rescues",
     "mealquest_http_requests",
     "mealquest_http_request_duration_seconds",
+    "mealquest_kind_paused",
 }
 
 
@@ -112,6 +113,7 @@ def test_metrics_has_exactly_the_documented_names_and_labels(
         "mealquest_job_rescues": set(),
         "mealquest_http_requests": {"route", "method", "status"},
         "mealquest_http_request_duration_seconds": {"route"},
+        "mealquest_kind_paused": {"kind"},
     }
     assert families["mealquest_job_run_duration_seconds"].type == "histogram"
     assert families["mealquest_http_request_duration_seconds"].type == "histogram"
@@ -152,6 +154,53 @@ def test_the_runner_counts_each_outcome_and_times_each_run(client, jobs, househo
     duration = "mealquest_job_run_duration_seconds_count"
     assert delta(duration, kind="succeed") == 1
     assert delta(duration, kind="flaky") == 2
+
+
+def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(
+    app, client, jobs, household, operator
+):
+    from mealquest.jobs import flow
+    from mealquest.metrics.view import cached_figures
+    from mealquest.queue_stats import MAX_AGE_SECONDS
+
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    flow.pause(jobs.store, jobs.registry, "sleep")
+    cached_figures(app).forget()
+
+    text = scrape(client, operator)
+
+    assert value(text, "mealquest_kind_paused", kind="sleep") == 1
+    assert ("mealquest_kind_paused", frozenset({("kind", "succeed")})) in samples(text)
+    assert value(text, "mealquest_kind_paused", kind="succeed") == 0
+    # Read with the queue figures, at most once per interval: a resume shows by the next.
+    flow.resume(jobs.store, "sleep")
+    wait_for(
+        lambda: value(scrape(client, operator), "mealquest_kind_paused", kind="sleep") == 0,
+        timeout=10 * MAX_AGE_SECONDS + 30,
+    )
+
+
+def test_a_snooze_is_counted_as_its_own_outcome(client, jobs, household, operator):
+    runs = "mealquest_job_runs_total"
+    before = scrape(client, operator)
+    job_id = jobs.enqueue(
+        "snooze_then_succeed", {"seconds": 0.0, "times": 1}, household_id=household.household_id
+    )
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    after = wait_for(
+        lambda: (
+            (text := scrape(client, operator))
+            and value(text, runs, kind="snooze_then_succeed", outcome="succeeded")
+            > value(before, runs, kind="snooze_then_succeed", outcome="succeeded")
+            and text
+        )
+    )
+    for outcome, counted in (("snoozed", 1), ("retried", 0), ("succeeded", 1)):
+        delta = value(after, runs, kind="snooze_then_succeed", outcome=outcome) - value(
+            before, runs, kind="snooze_then_succeed", outcome=outcome
+        )
+        assert delta == counted, outcome
 
 
 def test_a_stop_counts_the_jobs_it_interrupts(client, jobs, household, operator, gates):

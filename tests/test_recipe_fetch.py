@@ -9,6 +9,7 @@ import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import gevent
@@ -20,8 +21,10 @@ from mealquest.recipes.fetch import (
     AddressNotAllowed,
     CertificateError,
     FetchPolicy,
+    HTTPStatusError,
     TooSlow,
     fetch,
+    retry_after_seconds,
 )
 from tests.conftest import wait_for
 from tests.support.pages import PageServer, Reply
@@ -107,6 +110,58 @@ def test_an_unreadable_private_flag_is_refused(value):
 def test_allowed_networks_may_be_a_comma_separated_string():
     policy = AddressPolicy.build(False, "10.1.2.0/24, 192.168.5.0/24")
     assert policy.allows(ipaddress.ip_address("192.168.5.9"))
+
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("2", 2.0),
+        (" 120 ", 120.0),
+        ("0", 0.0),
+        ("Fri, 02 Jan 2026 03:05:05 GMT", 60.0),  # a minute after NOW
+        ("Thu, 01 Jan 2026 00:00:00 GMT", 0.0),  # past: at once
+        ("99999999999999999999", 365 * 24 * 3600.0),  # a year at most
+        (None, None),
+        ("", None),
+        ("-1", None),
+        ("1.5", None),
+        ("soon", None),
+        ("\uff11\uff12", None),  # full-width digits are not seconds
+        ("Fri, 02 Jan 2026 03:05:05", None),  # no zone: not an HTTP date
+        ("x" * 10_000, None),
+    ],
+)
+def test_a_retry_after_header_is_read_as_seconds_or_an_http_date(value, seconds):
+    assert retry_after_seconds(value, now=lambda: NOW) == seconds
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_busy_answer_says_when_to_come_back_and_nothing_else_of_the_server(pages, status):
+    secret_header = f"120, {SECRET_TEXT}"
+    pages.add(
+        "/one", Reply(status=status, headers={"Retry-After": "120"}, body=SECRET_TEXT.encode())
+    )
+    pages.add("/two", Reply(status=status, headers={"Retry-After": secret_header}))
+
+    with pytest.raises(HTTPStatusError) as told:
+        fetch(pages.url("/one"), LOOPBACK_OK)
+    assert (told.value.status, told.value.retry_after_seconds) == (status, 120.0)
+    assert str(told.value) == f"the page could not be fetched (HTTP {status})"
+    with pytest.raises(HTTPStatusError) as unreadable:
+        fetch(pages.url("/two"), LOOPBACK_OK)
+    assert unreadable.value.retry_after_seconds is None
+    assert SECRET_TEXT not in str(unreadable.value)
+    # Another status's Retry-After is no say of when to come back.
+    pages.add("/gone", Reply(status=404, headers={"Retry-After": "5"}))
+    with pytest.raises(HTTPStatusError) as gone:
+        fetch(pages.url("/gone"), LOOPBACK_OK)
+    assert gone.value.retry_after_seconds is None
+
+
+SECRET_TEXT = "token=sk_live_from_the_server"
 
 
 def test_the_request_names_the_host_and_the_service(pages):

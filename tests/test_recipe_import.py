@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from mealquest.clock import from_text
 from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
+from mealquest.model.jobs import Status
 from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.kinds import SECRET
@@ -248,6 +252,70 @@ def test_503_then_200_succeeds_on_the_second_attempt(start, pages, auth):
     assert job["status"] == "succeeded", job
     assert pages.hits["/flaky"] == 2
     assert attempts(app, job_id) == 2
+
+
+# -- a site that asks to be asked later ----------------------------------------------------
+
+
+def test_a_page_answering_429_with_retry_after_is_fetched_again_then_spending_no_attempt(
+    start, pages, auth
+):
+    app = start()
+    client = app.test_client()
+    pages.add("/busy", Reply(status=429, headers={"Retry-After": "2"}), Reply(body=recipe_page()))
+
+    job_id = import_url(client, auth, pages.url("/busy"))
+    job = finished(client, auth, job_id)
+
+    assert (job["status"], job["attempt"]) == ("succeeded", 1), job
+    assert pages.hits["/busy"] == 2
+    stored = get_jobs(app).get(job_id)
+    assert stored.snoozes == 1
+    # Its due time was put off by the two seconds the site asked for.
+    assert from_text(stored.run_at) - from_text(stored.created_at) >= timedelta(seconds=2)
+
+
+def test_a_retry_after_date_is_honoured_and_a_long_one_is_cut_to_ten_minutes(start, pages, auth):
+    app = start()
+    client = app.test_client()
+    soon = email.utils.format_datetime(datetime.now(UTC) - timedelta(seconds=5), usegmt=True)
+    pages.add("/soon", Reply(status=503, headers={"Retry-After": soon}), Reply(body=recipe_page()))
+    pages.add("/later", Reply(status=429, headers={"Retry-After": "86400"}))
+
+    # A date already past: at once again, no attempt spent.
+    done = finished(client, auth, import_url(client, auth, pages.url("/soon")))
+    assert (done["status"], done["attempt"]) == ("succeeded", 1), done
+    later = import_url(client, auth, pages.url("/later"))
+    jobs = get_jobs(app)
+    job = wait_for(lambda: (found := jobs.get(later)).snoozes == 1 and found)
+
+    assert (job.status, job.attempt, job.error) == (Status.QUEUED, 0, None)
+    put_off = from_text(job.run_at) - from_text(job.started_at)
+    assert timedelta(minutes=10) <= put_off < timedelta(minutes=11)
+    jobs.cancel(later)
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "error", "tries"),
+    [
+        pytest.param(429, None, "the page could not be fetched (HTTP 429)", 1, id="429-alone"),
+        pytest.param(429, "soon", "the page could not be fetched (HTTP 429)", 1, id="unreadable"),
+        pytest.param(503, None, "the page could not be fetched (HTTP 503)", 3, id="503-alone"),
+    ],
+)
+def test_without_a_readable_retry_after_those_answers_fail_as_before(
+    start, pages, auth, status, retry_after, error, tries
+):
+    app = start()
+    client = app.test_client()
+    headers = {"Retry-After": retry_after} if retry_after else {}
+    pages.add("/no", Reply(status=status, headers=headers, body=b"<p>try later " + SECRET.encode()))
+
+    job = finished(client, auth, import_url(client, auth, pages.url("/no")))
+
+    assert (job["status"], job["error"], job["attempt"]) == ("failed", error, tries)
+    assert pages.hits["/no"] == tries
+    assert get_jobs(app).get(job["id"]).snoozes == 0
 
 
 # -- refusing private addresses (the default) ---------------------------------------------

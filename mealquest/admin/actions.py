@@ -1,7 +1,9 @@
-"""What an operator can do to a job from the dashboard: retry, delete, cancel.
+"""What an operator can do from the dashboard: retry, delete or cancel a job;
+pause or resume a kind.
 
 Each is one fenced write (it acts only on a job in a state that allows it)
-and is logged with the operator's id and the job's id, never its payload.
+and is logged with the operator's id and the job's id (or the kind), never
+a payload.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import enum
 import logging
 
 from mealquest.extensions import get_store
+from mealquest.jobs import flow
+from mealquest.jobs.errors import UnknownKind
 from mealquest.jobs.service import get_jobs
 from mealquest.model.jobs import Status
 from mealquest.model.operators import Operator
@@ -25,6 +29,11 @@ class Done(enum.Enum):
     CANCELLED = "cancelled"
     CANCELLING = "cancel requested: its handler is told and the job ends cancelled shortly"
     REFUSED = "not possible in the job's state now"
+    PAUSED = flow.Change.PAUSED.value
+    ALREADY_PAUSED = flow.Change.ALREADY_PAUSED.value
+    RESUMED = flow.Change.RESUMED.value
+    NOT_PAUSED = flow.Change.NOT_PAUSED.value
+    UNKNOWN_KIND = "not a kind this release runs"
 
 
 def _log(operator: Operator, action: str, job_id: str, done: Done) -> None:
@@ -35,6 +44,35 @@ def _log(operator: Operator, action: str, job_id: str, done: Done) -> None:
         done.name.lower(),
         extra={"job_id": job_id, "operator_id": operator.id},
     )
+
+
+def _log_kind(operator: Operator, action: str, kind: str, done: Done) -> None:
+    logger.info(
+        "operator %d: %s a kind: %s",
+        operator.id,
+        action,
+        done.name.lower(),
+        extra={"kind": kind, "operator_id": operator.id},
+    )
+
+
+def pause(operator: Operator, kind: str) -> Done:
+    """Pause a kind in the whole deployment: its queued jobs wait, running ones finish."""
+    try:
+        change = flow.pause(get_store(), get_jobs().registry, kind, operator_id=operator.id)
+    except UnknownKind:
+        done = Done.UNKNOWN_KIND
+    else:
+        done = Done[change.name]
+    _log_kind(operator, "pause", kind, done)
+    return done
+
+
+def resume(operator: Operator, kind: str) -> Done:
+    """Resume a paused kind: its queued jobs are claimed again."""
+    done = Done[flow.resume(get_store(), kind).name]
+    _log_kind(operator, "resume", kind, done)
+    return done
 
 
 def retry(operator: Operator, job_id: str) -> Done:

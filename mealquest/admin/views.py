@@ -28,7 +28,9 @@ from mealquest.admin.guard import (
     sign_in,
     sign_out,
 )
+from mealquest.admin.waiting import why_waiting
 from mealquest.extensions import get_store
+from mealquest.jobs import flow
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
@@ -83,6 +85,9 @@ def overview() -> ResponseReturnValue:
         for (kind, status), count in sorted(figures.counts.items())
         if status == Status.QUEUED and kind not in handled and count
     }
+    # Read now, not with the cached figures: a pause shows on the page it
+    # redirects to.
+    paused = {entry.kind: entry for entry in flow.paused(get_store())}
     return render_template(
         "admin/overview.html",
         figures=figures,
@@ -90,7 +95,31 @@ def overview() -> ResponseReturnValue:
         by_status=figures.by_status(),
         oldest=figures.oldest(),
         unhandled=unhandled,
+        paused=paused,
+        kinds=sorted(handled | set(paused)),
     )
+
+
+@bp.post("/kinds/pause")
+def pause_kind() -> ResponseReturnValue:
+    kind = request.form.get("kind", "")
+    if kind not in get_jobs().registry.names():
+        return refused(400, "No such kind.")
+    return _kind_acted(kind, actions.pause(current_operator(), kind))
+
+
+@bp.post("/kinds/resume")
+def resume_kind() -> ResponseReturnValue:
+    kind = request.form.get("kind", "")
+    known = set(get_jobs().registry.names()) | {e.kind for e in flow.paused(get_store())}
+    if kind not in known:
+        return refused(400, "No such kind.")
+    return _kind_acted(kind, actions.resume(current_operator(), kind))
+
+
+def _kind_acted(kind: str, done: actions.Done) -> ResponseReturnValue:
+    flash(f"{kind}: {done.value}.")
+    return redirect(url_for("admin.overview"), code=303)
 
 
 @bp.get("/jobs")
@@ -133,6 +162,7 @@ def job(job_id: str) -> ResponseReturnValue:
         payload=_pretty(mask(_decoded(found.payload))),
         result=_pretty(mask(found.result)) if found.result is not None else None,
         error=mask(found.error) if found.error else None,
+        waiting=why_waiting(get_store(), get_jobs().registry, found),
         retryable=found.status in ("failed", "cancelled"),
         cancellable=found.status in (Status.QUEUED, Status.RUNNING),
         deletable=found.status != Status.RUNNING,

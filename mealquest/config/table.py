@@ -170,6 +170,14 @@ SETTINGS: tuple[Setting, ...] = (
         "[Fair shares](#fair-shares-between-households-quota-and-claim-order)",
     ),
     Setting(
+        "JOB_MAX_SNOOZES",
+        50,
+        rules.whole(0),
+        "how many times a job may be snoozed (a handler's `Snooze`, which spends no "
+        "attempt); the next snooze fails it `snoozed too often`. See "
+        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+    ),
+    Setting(
         "JOB_STOP_TIMEOUT_SECONDS",
         25.0,
         rules.not_negative,
@@ -319,6 +327,21 @@ SETTINGS: tuple[Setting, ...] = (
         rules.positive,
         "delay before retrying a transient fetch failure, doubled for the third and last "
         "attempt (±10 %)",
+    ),
+    Setting(
+        "RECIPE_FETCH_MAX_PER_HOST",
+        2,
+        rules.whole(0),
+        "recipe imports of one host (the URL's, lower case, `www.` left out) that run at "
+        "once in the whole deployment; `0`: no limit. See "
+        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+    ),
+    Setting(
+        "RECIPE_FETCH_PER_HOST_PER_MINUTE",
+        30,
+        rules.whole(0),
+        "recipe imports of one host that may start in any minute, in the whole "
+        "deployment; `0`: no limit",
     ),
 )
 

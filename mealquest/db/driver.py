@@ -16,7 +16,7 @@ too). Rows come back as the values of `mealquest.model`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -29,6 +29,9 @@ from mealquest.model.jobs import (
     Job,
     Lease,
     NewJob,
+    PartitionLimits,
+    PartitionState,
+    PausedKind,
     Recovered,
     Status,
     Transition,
@@ -120,7 +123,8 @@ class JobStatements(Protocol):
 
     def claim(self, tx: Transaction, request: ClaimRequest, /) -> list[Job]:
         """Claim up to `request.limit` due jobs, best priority first, households
-        in turn within a priority; in the claim's order."""
+        in turn within a priority; in the claim's order. Never a job of a
+        paused kind, nor more of a partition than its limits let start."""
         ...
 
     def publish(self, tx: Transaction, lease: Lease, /, *, result: str) -> bool:
@@ -149,8 +153,18 @@ class JobStatements(Protocol):
         """The leases of the running jobs one claim (by its fencing `owner`) holds."""
         ...
 
-    def has_due_job(self, conn: Reads, kinds: Collection[str], /) -> bool:
-        """Whether a job of one of `kinds` is queued and due (one index probe)."""
+    def has_due_job(
+        self,
+        conn: Reads,
+        kinds: Collection[str],
+        /,
+        *,
+        partitions: Mapping[str, PartitionLimits] | None = None,
+    ) -> bool:
+        """Whether a job of one of `kinds` is queued and due that a claim could
+        take now: not of a paused kind, nor (given the kinds' `partitions`)
+        of a partition at a limit. One index probe unless jobs a claim would
+        pass over come first."""
         ...
 
     def queued_of_other_kinds(self, conn: Reads, kinds: Collection[str], /) -> dict[str, int]:
@@ -363,6 +377,40 @@ class OperationStatements(Protocol):
     def delete_job(self, tx: Transaction, job_id: str, /) -> bool: ...
 
 
+class FlowStatements(Protocol):
+    """What operators and limits do to the flow of jobs: kinds paused for the
+    whole deployment, and the partitions' state."""
+
+    def pause_kind(self, tx: Transaction, kind: str, /, *, operator_id: int | None) -> bool:
+        """Pause a kind (no claim takes its jobs); False if it already was."""
+        ...
+
+    def resume_kind(self, tx: Transaction, kind: str, /) -> bool:
+        """Resume a paused kind; False if it was not paused."""
+        ...
+
+    def paused_kinds(self, conn: Reads, /) -> list[PausedKind]:
+        """Every paused kind, by name."""
+        ...
+
+    def partition_state(self, conn: Reads, kind: str, partition_key: str, /) -> PartitionState:
+        """A partition's running jobs and until when its rate leaves it out."""
+        ...
+
+    def delete_stale_rates(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        older_than_seconds: float,
+        limit: int,
+        now: datetime | None = None,
+    ) -> int:
+        """Delete up to `limit` partitions' rate ledgers with no start for that
+        long (longer than any rate's window); how many were."""
+        ...
+
+
 class Store(Protocol):
     """One process's access to its database, and why each part is there."""
 
@@ -395,6 +443,9 @@ class Store(Protocol):
 
     @property
     def operations(self) -> OperationStatements: ...
+
+    @property
+    def flow(self) -> FlowStatements: ...
 
     def write(
         self, fn: Callable[Concatenate[Transaction, P], T], /, *args: P.args, **kwargs: P.kwargs

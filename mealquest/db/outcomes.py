@@ -32,7 +32,7 @@ def transition_many(
     written by `together` (when there are two or more of them), any other
     by `transition`, in order."""
     for change in transitions:
-        check_transition(change.to, change.attempt)
+        check_transition(change.to, change.attempt, change.snoozed)
     named = Counter(change.lease.job_id for change in transitions)
     once = [change for change in transitions if named[change.lease.job_id] == 1]
     moved = together(tx, once) if len(once) > 1 else set()

@@ -1,5 +1,5 @@
-"""`flask jobs list | show | enqueue | cancel | prune | work`: the operator's view of
-the queue, its hands on it, retention now, and a foreground pool."""
+"""`flask jobs list | show | enqueue | cancel | pause | resume | prune | work`: the
+operator's view of the queue, its hands on it, retention now, and a foreground pool."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from marshmallow import ValidationError
 from mealquest import households
 from mealquest.db import migrations
 from mealquest.db.errors import StoreError
-from mealquest.jobs import retention
+from mealquest.jobs import flow, retention
 from mealquest.jobs.errors import JobsError
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
@@ -202,6 +202,33 @@ def jobs_cancel(job_id: str) -> None:
     if job.status is Status.RUNNING:
         click.echo("running: its process stops it and records it cancelled", err=True)
     _echo_job(job)
+
+
+@jobs_cli.command("pause")
+@click.argument("kind")
+def jobs_pause(kind: str) -> None:
+    """Pause KIND in the whole deployment: no process claims its jobs (each
+    within a poll interval), which stay queued; running ones finish."""
+    service = get_jobs()
+    try:
+        migrations.require_migrated(service.store)
+        change = flow.pause(service.store, service.registry, kind)
+    except (migrations.MigrationError, JobsError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"{kind}: {change.value}")
+
+
+@jobs_cli.command("resume")
+@click.argument("kind")
+def jobs_resume(kind: str) -> None:
+    """Resume a paused KIND: its queued jobs are claimed again."""
+    store = get_jobs().store
+    try:
+        migrations.require_migrated(store)
+        change = flow.resume(store, kind)
+    except (migrations.MigrationError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(f"{kind}: {change.value}")
 
 
 def _decoded(payload: Any) -> Any:

@@ -45,6 +45,8 @@ class JobContext:
         self.kind = job.kind
         self.attempt = job.attempt
         self.max_attempts = job.max_attempts
+        # How many times the job was snoozed before this run (`Snooze`).
+        self.snoozes = job.snoozes
         # The database: handlers write their domain rows through its SQL
         # (`ctx.store.recipes`, ...) inside `ctx.write`.
         self.store = store

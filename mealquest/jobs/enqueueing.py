@@ -24,7 +24,13 @@ from marshmallow import ValidationError
 from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
 from mealquest.jobs.registry import Kind, Registry
-from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, NewJob
+from mealquest.model.jobs import (
+    DEFAULT_PRIORITY,
+    MAX_DELAY_SECONDS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    NewJob,
+)
 
 # How long an idempotency key names its job: a repeat within the window is
 # answered with the same job; after it, the key may name a new one.
@@ -32,8 +38,6 @@ IDEMPOTENCY_WINDOW_SECONDS = 24 * 60 * 60
 # 1 to 255 visible ASCII characters (no space, no control character).
 UNIQUE_KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")
 UNIQUE_KEY_RULE = "must be 1 to 255 visible ASCII characters"
-# The longest delay (100 years): a due time far past it overflows a date.
-MAX_DELAY_SECONDS = 100 * 365 * 24 * 60 * 60
 # A bulk insert's rows travel as one value (SQLite's JSON text, PostgreSQL's
 # array of each column), which each database caps at 1 GB: a run of jobs goes
 # in statements of at most this many rows and about this much payload.
@@ -199,6 +203,7 @@ def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
         run_at=request.run_at,
         delay_seconds=None if request.delay is None else float(request.delay),
         unique_key=request.unique_key,
+        partition_key=kind.partition_key(payload),
     )
 
 

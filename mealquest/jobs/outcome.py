@@ -30,6 +30,8 @@ class Outcome:
     result: str | None = None
     error: str | None = None
     delay_seconds: float | None = None
+    # A snooze (`Snooze`): queued again with the attempt refunded, counted on the job.
+    snoozed: bool = False
     # Jobs the handler enqueued (`JobContext.enqueue`): inserted only with a
     # success, in the same transaction, and only if the fence matched.
     follow_ups: tuple[NewJob, ...] = ()
@@ -43,6 +45,7 @@ class Outcome:
             result=self.result,
             error=self.error,
             delay_seconds=self.delay_seconds,
+            snoozed=self.snoozed,
         )
 
     def write_follow_ups(self, jobs: JobStatements, tx: Transaction) -> None:
@@ -67,6 +70,10 @@ CANCELLED = Outcome(Status.CANCELLED)
 
 def failed(error: str) -> Outcome:
     return Outcome(Status.FAILED, error=error)
+
+
+def snoozed(seconds: float) -> Outcome:
+    return Outcome(Status.QUEUED, Attempt.REFUND, delay_seconds=seconds, snoozed=True)
 
 
 def bounded_failure_message(message: str) -> str:

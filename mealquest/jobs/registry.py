@@ -7,7 +7,9 @@ schemas only at these edges: unknown fields are rejected, as the reference's
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,12 +19,22 @@ from marshmallow import RAISE, Schema, ValidationError
 
 from mealquest.jobs.cron import CronSchedule
 from mealquest.jobs.errors import RegistrationError
-from mealquest.model.jobs import OnInterrupt
+from mealquest.model.jobs import OnInterrupt, PartitionLimits, Rate
+from mealquest.storable import storable_text
 
 if TYPE_CHECKING:
     from mealquest.jobs.context import JobContext
 
 Handler = Callable[[Any, "JobContext"], Any]
+# What names a job's partition: a field of its payload, or a function of the
+# payload as stored (validated and dumped by the kind's schema: JSON values).
+PartitionOf = str | Callable[[Mapping[str, Any]], str | None]
+
+# The longest partition key stored; a longer one is stored as its digest.
+MAX_PARTITION_KEY = 255
+# The longest window a rate may have: retention deletes a partition's starts
+# once none has been this long.
+MAX_RATE_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,18 @@ class KindOptions:
     the database by each claim (exact on SQLite, where writes take turns; on
     PostgreSQL claims that could take the kind count under an advisory lock
     per kind). Every process should register a kind with the same caps.
+
+    Limits per partition: `partition` names the partition of a job's
+    payload, computed once at enqueue and stored with the job: a payload
+    field (its value, as stored), or a function of the payload as stored
+    (validated and dumped by the schema: plain JSON values) returning a
+    string, or None for no partition (no limit). A key longer than 255
+    characters is stored as its SHA-256 digest. `max_running_per_partition`
+    is how many of a partition's jobs run at once in the whole deployment;
+    `rate=(count, per_seconds)` how many of them may start in any window of
+    `per_seconds` (at most a day). Both are exact across processes and
+    hosts, and claims pass over a partition at its limit to take the next
+    job in their order. Register a kind with the same limits everywhere.
     """
 
     max_attempts: int = 1
@@ -69,6 +93,9 @@ class KindOptions:
     cron_payload: Mapping[str, Any] = field(default_factory=dict)
     max_running_per_process: int | None = None
     max_running: int | None = None
+    partition: PartitionOf | None = None
+    max_running_per_partition: int | None = None
+    rate: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -82,16 +109,64 @@ class KindOptions:
                 CronSchedule(self.cron)
             except ValueError as error:
                 raise RegistrationError(f"cron {self.cron!r}: {error}") from None
-        for name in ("max_running_per_process", "max_running"):
+        for name in ("max_running_per_process", "max_running", "max_running_per_partition"):
             cap = getattr(self, name)
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            if cap is not None and not _whole(cap, 1):
                 raise RegistrationError(f"{name} must be a whole number, 1 or more, or None")
+        self._check_partition()
+
+    def _check_partition(self) -> None:
+        partition = self.partition
+        if partition is not None and not (
+            (isinstance(partition, str) and partition) or callable(partition)
+        ):
+            raise RegistrationError("partition must be a payload field's name or a function")
+        if self.rate is not None:
+            count, per = _pair(self.rate)
+            if not _whole(count, 1):
+                raise RegistrationError("rate's count must be a whole number, 1 or more")
+            if (
+                isinstance(per, bool)
+                or not isinstance(per, int | float)
+                or not (math.isfinite(per) and 0 < per <= MAX_RATE_SECONDS)
+            ):
+                raise RegistrationError(
+                    f"rate's per_seconds must be above 0 and at most {MAX_RATE_SECONDS:g}"
+                )
+        limited = self.max_running_per_partition is not None or self.rate is not None
+        if limited and partition is None:
+            raise RegistrationError("max_running_per_partition and rate need a partition")
+
+    @property
+    def partition_limits(self) -> PartitionLimits | None:
+        """What each partition may do; None without a partition or a limit."""
+        if self.partition is None:
+            return None
+        if self.max_running_per_partition is None and self.rate is None:
+            return None
+        rate = None
+        if self.rate is not None:
+            count, per = _pair(self.rate)
+            rate = Rate(int(count), float(per))
+        return PartitionLimits(self.max_running_per_partition, rate)
 
     @property
     def interrupt_policy(self) -> OnInterrupt:
         if self.on_interrupt is not None:
             return self.on_interrupt
         return OnInterrupt.REQUEUE if self.max_attempts > 1 else OnInterrupt.FAIL
+
+
+def _whole(value: Any, least: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= least
+
+
+def _pair(rate: Any) -> tuple[Any, Any]:
+    try:
+        count, per = rate
+    except (TypeError, ValueError):
+        raise RegistrationError("rate must be (count, per_seconds)") from None
+    return count, per
 
 
 def _schema(schema: Schema | type[Schema]) -> Schema:
@@ -164,6 +239,34 @@ class Kind:
         if errors:
             raise ValidationError(errors)
         return texts
+
+    def partition_key(self, stored: str) -> str | None:
+        """The partition of a job with this payload (as stored), or None.
+        Stored whether or not the kind's limits are on now, so that a
+        release that turns them on finds its queued jobs' partitions.
+
+        A function's answer must be a string or None (anything else is the
+        kind's bug: TypeError); a field's value is taken as it is stored (a
+        string as it is, any other value as its JSON).
+        """
+        partition = self.options.partition
+        if partition is None:
+            return None
+        data = json.loads(stored)
+        if isinstance(partition, str):
+            value = data.get(partition) if isinstance(data, dict) else None
+            key = None if value is None else value if isinstance(value, str) else encode(value)
+        else:
+            key = partition(data)
+            if key is not None and not isinstance(key, str):
+                raise TypeError(f"the partition of kind {self.name!r} is not a string")
+        if not key:
+            return None
+        # As either database can store it (no NUL, no lone surrogate).
+        key = storable_text(key)
+        if len(key) > MAX_PARTITION_KEY:
+            return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+        return key
 
     def load_payload(self, stored: str) -> Any:
         return self.payload_schema.load(json.loads(stored))
@@ -257,6 +360,14 @@ class Registry:
             name: kind.options.max_running
             for name, kind in self._kinds.items()
             if kind.options.max_running is not None
+        }
+
+    def partition_limits(self) -> dict[str, PartitionLimits]:
+        """Kinds whose partitions have limits, and what each partition may do."""
+        return {
+            name: limits
+            for name, kind in self._kinds.items()
+            if (limits := kind.options.partition_limits) is not None
         }
 
     def close(self) -> None:

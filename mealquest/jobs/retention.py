@@ -11,7 +11,8 @@ Each batch is one short write transaction (see `BATCH_SIZE` and the
 retention benchmark in `bench/`), so the write lock SQLite has one of is
 never held for more than a few milliseconds, and other writes get in
 between batches. Old periodic slots go too, once no scheduler could
-consider them again.
+consider them again, and the rate ledgers of partitions that started
+nothing for longer than any rate's window.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import gevent
 from marshmallow import Schema, fields
 
 from mealquest.db.driver import Store
-from mealquest.jobs.registry import KindOptions, Registry
+from mealquest.jobs.registry import MAX_RATE_SECONDS, KindOptions, Registry
 
 if TYPE_CHECKING:
     from mealquest.jobs.context import JobContext
@@ -49,6 +50,7 @@ class Pruned:
 
     jobs: int = 0
     slots: int = 0
+    rates: int = 0
 
 
 def prune(
@@ -85,7 +87,16 @@ def prune(
         ),
         batch_size,
     )
-    return Pruned(jobs, slots)
+    rates = _in_batches(
+        lambda: write(
+            store.flow.delete_stale_rates,
+            older_than_seconds=MAX_RATE_SECONDS,
+            limit=batch_size,
+            now=now,
+        ),
+        batch_size,
+    )
+    return Pruned(jobs, slots, rates)
 
 
 def _in_batches(delete_batch: Callable[[], int], batch_size: int) -> int:

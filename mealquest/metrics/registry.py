@@ -45,7 +45,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 JOB_RUNS = Counter(
     "mealquest_job_runs",
     "Job attempts that ended, by kind and outcome "
-    "(succeeded, failed, retried, cancelled, interrupted).",
+    "(succeeded, failed, retried, snoozed, cancelled, interrupted).",
     ["kind", "outcome"],
     registry=REGISTRY,
 )
@@ -104,6 +104,15 @@ class _QueueCollector(Collector):
         for kind, due in sorted(self.figures.oldest_due.items()):
             oldest.add_metric([kind], due.age_seconds)
         yield oldest
+        paused = GaugeMetricFamily(
+            "mealquest_kind_paused",
+            "1 for a kind paused for the whole deployment (no claim takes its jobs), "
+            "0 for the other kinds with jobs.",
+            labels=["kind"],
+        )
+        for kind in sorted(set(self.figures.kinds()) | set(self.figures.paused)):
+            paused.add_metric([kind], 1.0 if kind in self.figures.paused else 0.0)
+        yield paused
 
 
 class _SizedFilesCollector(MultiProcessCollector):

@@ -61,6 +61,11 @@ MAX_RESULT_BYTES = 256 * 1024
 MESSAGE_INTERNAL = "internal error"
 MESSAGE_INTERRUPTED = "interrupted by restart"
 MESSAGE_TIMED_OUT = "timed out"
+MESSAGE_SNOOZED_TOO_OFTEN = "snoozed too often"
+
+# The longest a job can be put off, by a delay or a snooze (100 years): a due
+# time far past it overflows a date.
+MAX_DELAY_SECONDS = 100 * 365 * 24 * 60 * 60
 
 
 def message_no_handler(kind: str) -> str:
@@ -80,6 +85,28 @@ class Failure(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class Snooze(Exception):
+    """A handler putting its job off: queued again, due in `seconds`, without
+    spending an attempt (as River's `JobSnooze` and Oban's `{:snooze, s}`).
+
+    For what is not a failure but cannot be done now: a server that said
+    when to come back, a resource another job holds. Each snooze counts on
+    the job (`snoozes`); one past `MEALQUEST_JOB_MAX_SNOOZES` fails it
+    `snoozed too often`, so a handler that always snoozes still ends. A
+    cancel requested meanwhile wins: the job ends cancelled.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_DELAY_SECONDS
+        ):
+            raise ValueError(f"Snooze takes a number of seconds from 0 to {MAX_DELAY_SECONDS:,}")
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = float(seconds)
 
 
 class Attempt(enum.Enum):
@@ -138,17 +165,23 @@ class Transition:
     result: str | None = None
     error: str | None = None
     delay_seconds: float | None = None
+    # A snooze: back to the queue, the attempt refunded, the job's `snoozes`
+    # counted (and its interruptions in a row ended: the attempt ended).
+    snoozed: bool = False
 
 
 # Where a running job may go through its own worker's fenced write.
 _LEAVING_RUNNING = frozenset((Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.QUEUED))
 
 
-def check_transition(to: Status, attempt: Attempt) -> None:
+def check_transition(to: Status, attempt: Attempt, snoozed: bool = False) -> None:
     """ValueError unless a running job may move to `to` spending or refunding
-    its attempt (a refunded attempt only goes back to the queue)."""
+    its attempt (a refunded attempt only goes back to the queue, and a
+    snooze is such a refund)."""
     if to not in _LEAVING_RUNNING or (attempt is Attempt.REFUND and to is not Status.QUEUED):
         raise ValueError(f"no transition from running to {to} with {attempt}")
+    if snoozed and attempt is not Attempt.REFUND:
+        raise ValueError("a snooze refunds its attempt")
 
 
 @dataclass(frozen=True)
@@ -178,6 +211,10 @@ class Job:
     unique_key: str | None = None
     # When a cancel reached the job while it ran (it then ends cancelled).
     cancel_requested_at: str | None = None
+    # How many times its handler snoozed it (`Snooze`).
+    snoozes: int = 0
+    # The partition of its payload its kind's limits count it in (None: none).
+    partition_key: str | None = None
     # Set when the stored result is not JSON (a legacy or hand-edited row):
     # the result reads as None, and the runner fails such a job alone.
     result_undecodable: bool = False
@@ -246,6 +283,7 @@ class NewJob:
     run_at: datetime | None = None
     delay_seconds: float | None = None
     unique_key: str | None = None
+    partition_key: str | None = None
 
     @property
     def due_now(self) -> bool:
@@ -259,6 +297,41 @@ class NewJob:
         if self.unique_key is None:
             return None
         return hashlib.sha256(f"{self.kind}\n{self.payload}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most `count` starts in any `per_seconds` (a sliding window)."""
+
+    count: int
+    per_seconds: float
+
+
+@dataclass(frozen=True)
+class PartitionLimits:
+    """What one partition of a kind may do: run at most `max_running` jobs at
+    once, start at most `rate` (None: no such limit)."""
+
+    max_running: int | None = None
+    rate: Rate | None = None
+
+
+@dataclass(frozen=True)
+class PausedKind:
+    """A kind no claim takes: since when, and the operator who paused it (None: the CLI)."""
+
+    kind: str
+    paused_at: str
+    operator_id: int | None = None
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition of a kind now: its running jobs, and until when its rate
+    leaves it out (None: it does not)."""
+
+    running: int
+    blocked_until: str | None = None
 
 
 @dataclass(frozen=True)
@@ -279,4 +352,5 @@ class ClaimRequest:
     kinds: tuple[str, ...]
     kind_limits: Mapping[str, int] = field(default_factory=dict)
     kind_caps: Mapping[str, int] = field(default_factory=dict)
+    partitions: Mapping[str, PartitionLimits] = field(default_factory=dict)
     now: datetime | None = None

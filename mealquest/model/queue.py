@@ -16,11 +16,13 @@ class DueJob:
 
 @dataclass(frozen=True)
 class QueueFigures:
-    """`counts` by (kind, status); `oldest_due` by kind; jobs finished in the last hour."""
+    """`counts` by (kind, status); `oldest_due` by kind; jobs finished in the
+    last hour; the kinds paused for the whole deployment."""
 
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     oldest_due: dict[str, DueJob] = field(default_factory=dict)
     finished_last_hour: int = 0
+    paused: tuple[str, ...] = ()
 
     def by_status(self) -> dict[str, int]:
         totals: dict[str, int] = {}

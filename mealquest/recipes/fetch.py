@@ -19,16 +19,22 @@ is cooperative whether or not the process is monkey-patched (gunicorn's
 workers are, `flask jobs work` and the tests are not).
 
 Errors are `FetchError`s whose message is safe to show the household: none
-quotes the URL (which may carry a token) or anything the server sent.
+quotes the URL (which may carry a token) or anything the server sent. A
+`429` or `503` answer also says when the server asked to be asked again
+(`HTTPStatusError.retry_after_seconds`, from its `Retry-After`): a number,
+never the header's text.
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
+import math
 import socket
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -42,6 +48,11 @@ USER_AGENT = "MealQuest-RecipeImport/0.1 (fetches a recipe page a household aske
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Answers whose `Retry-After` says when to come back: too many requests, or
+# the server unavailable for now.
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+# The longest `Retry-After` read (a year): anything longer is as good as never.
+_MAX_RETRY_AFTER_SECONDS = 365 * 24 * 3600.0
 
 
 class FetchError(Exception):
@@ -60,11 +71,40 @@ class AddressNotAllowed(FetchError):
 
 
 class HTTPStatusError(FetchError):
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, retry_after_seconds: float | None = None) -> None:
         super().__init__(f"the page could not be fetched (HTTP {status})")
         self.status = status
         # A server error may pass; a 4xx says this request will never work.
         self.transient = status >= 500
+        # When the server asked to be asked again (429 and 503 only), in
+        # seconds from its answer; None when it did not say, or not readably.
+        self.retry_after_seconds = retry_after_seconds
+
+
+def retry_after_seconds(
+    value: str | None, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+) -> float | None:
+    """A `Retry-After` header's delay in seconds: a whole number of seconds,
+    or an HTTP date (judged by this host's clock: the difference is what
+    matters, and a server's clock is no better); a date past is 0. None for
+    a missing or unreadable value."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdecimal() and text.isascii():
+        return min(float(text), _MAX_RETRY_AFTER_SECONDS)
+    if len(text) > 64:
+        return None
+    try:
+        moment = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment is None or moment.tzinfo is None:
+        return None
+    seconds = (moment - now()).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER_SECONDS)
 
 
 class TooSlow(FetchError):
@@ -310,6 +350,10 @@ def _request(
             if not location:
                 raise HTTPStatusError(response.status)
             return location.strip()
+        if response.status in RETRY_AFTER_STATUSES:
+            raise HTTPStatusError(
+                response.status, retry_after_seconds(response.getheader("Retry-After"))
+            )
         if not 200 <= response.status < 300:
             raise HTTPStatusError(response.status)
         body = _read_capped(response, policy.max_bytes)

@@ -11,11 +11,21 @@ as a `Failure` instead, so the job ends with the plain reason (`the page
 could not be fetched (HTTP 503)`) rather than `internal error`. Everything
 another attempt cannot fix (4xx, no recipe, a refused address, a page too
 large) is a `Failure` at once.
+
+Each site is asked politely: jobs are partitioned by the URL's host (lower
+case, `www.` and a final dot left out), and at most `max_per_host` of a
+host's imports run at once, and `per_host_per_minute` start in any minute,
+across the deployment. A site that answers `429` or `503` with a
+`Retry-After` gets what it asked for: the job is snoozed that long (at most
+`MAX_SNOOZE_SECONDS`), spending no attempt, instead of failing or retrying
+sooner. Without `Retry-After`, those answers are what they were (a `503` is
+retried with backoff, a `429` fails as any 4xx does).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,10 +35,10 @@ from flask import Flask
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.jobs.service import get_jobs
-from mealquest.model.jobs import Failure
+from mealquest.model.jobs import Failure, Snooze
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes import parser_pool
-from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
+from mealquest.recipes.fetch import FetchError, FetchPolicy, HTTPStatusError, Page, fetch
 from mealquest.recipes.parse import ParserFailed, fit_recipe
 from mealquest.recipes.parser_pool import PageUnreadable
 from mealquest.recipes.schemas import (
@@ -48,6 +58,8 @@ UNREADABLE = "the page could not be read"
 # parser process, storing the recipe) before the runner's own timeout stops
 # the job.
 _START_AND_STORE_SECONDS = 60.0
+# The longest a site's `Retry-After` puts an import off.
+MAX_SNOOZE_SECONDS = 600.0
 
 _recipe_schema = RecipeSchema()
 
@@ -65,6 +77,9 @@ def import_recipe(
     try:
         page = fetch(url, policy)
     except FetchError as error:
+        if isinstance(error, HTTPStatusError) and error.retry_after_seconds is not None:
+            # The site said when to come back: no attempt is spent on its say-so.
+            raise Snooze(min(error.retry_after_seconds, MAX_SNOOZE_SECONDS)) from None
         if error.transient and ctx.attempt < ctx.max_attempts:
             raise TransientImportError(error.message) from None
         raise Failure(error.message) from None
@@ -79,6 +94,20 @@ def import_recipe(
         parsed=parsed,
     )
     return {"recipe_id": recipe.id, "recipe": _recipe_schema.dump(recipe)}
+
+
+def host_of(payload: Mapping[str, Any]) -> str | None:
+    """The partition of an import: its URL's host, lower case, without a
+    leading `www.` or a final dot (so `WWW.Example.com.` and `example.com`
+    are one site)."""
+    try:
+        host = urlsplit(str(payload.get("url", ""))).hostname
+    except ValueError:
+        return None
+    if not host:
+        return None
+    host = host.lower().rstrip(".")
+    return host.removeprefix("www.") or None
 
 
 def public_source_url(url: str) -> str:
@@ -111,9 +140,25 @@ def _parse(page: Page, ctx: JobContext, parsing: Parsing) -> ParsedRecipe:
     return parsed
 
 
+@dataclass(frozen=True)
+class HostLimits:
+    """What one site may be asked: imports running at once, and starting per
+    minute, across the deployment (0: no such limit)."""
+
+    running: int = 2
+    per_minute: int = 30
+
+
 def register(
-    registry: Registry, policy: FetchPolicy, parsing: Parsing, *, retry_base_seconds: float
+    registry: Registry,
+    policy: FetchPolicy,
+    parsing: Parsing,
+    *,
+    retry_base_seconds: float,
+    per_host: HostLimits | None = None,
 ) -> None:
+    per_host = per_host or HostLimits()
+
     def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return import_recipe(payload, ctx, policy, parsing)
 
@@ -129,6 +174,9 @@ def register(
             timeout_seconds=(
                 policy.total_timeout_seconds + parsing.seconds + _START_AND_STORE_SECONDS
             ),
+            partition=host_of,
+            max_running_per_partition=per_host.running or None,
+            rate=(per_host.per_minute, 60.0) if per_host.per_minute else None,
         ),
     )
 
@@ -149,4 +197,8 @@ def init_app(app: Flask) -> None:
             processes_kept=int(app.config["JOB_WORKERS"]) + 1,
         ),
         retry_base_seconds=float(app.config["RECIPE_IMPORT_RETRY_SECONDS"]),
+        per_host=HostLimits(
+            running=int(app.config["RECIPE_FETCH_MAX_PER_HOST"]),
+            per_minute=int(app.config["RECIPE_FETCH_PER_HOST_PER_MINUTE"]),
+        ),
     )

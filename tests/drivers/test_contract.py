@@ -26,6 +26,7 @@ SETS = {
     "operators": driver.OperatorStatements,
     "sessions": driver.SessionStatements,
     "operations": driver.OperationStatements,
+    "flow": driver.FlowStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

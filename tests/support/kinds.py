@@ -10,7 +10,7 @@ from marshmallow import Schema, ValidationError, fields, post_load, pre_load, va
 
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
-from mealquest.model.jobs import Failure
+from mealquest.model.jobs import Failure, Snooze
 from tests.support.gates import pass_gate
 
 SECRET = "sk_live_TOPSECRET_7f3a9"
@@ -70,6 +70,19 @@ class GateLogSchema(Schema):
 
 class GatePassedSchema(Schema):
     pid = fields.Integer(required=True, strict=True)
+
+
+class SnoozeSchema(Schema):
+    seconds = fields.Float(required=True)
+    times = fields.Integer(load_default=1, strict=True)
+
+
+class SnoozeAtGateSchema(Schema):
+    url = fields.String(required=True)
+
+
+class RatedSchema(Schema):
+    key = fields.String(required=True)
 
 
 def succeed(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -200,6 +213,19 @@ def enqueue_follow_ups(payload: dict[str, Any], ctx: JobContext) -> dict[str, An
     return {"attempt": ctx.attempt}
 
 
+def snooze_then_succeed(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Snoozes for `seconds` on each of its first `times` runs, then succeeds."""
+    if ctx.snoozes < payload["times"]:
+        raise Snooze(payload["seconds"])
+    return {"attempt": ctx.attempt}
+
+
+def snooze_at_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Waits at the gate, then snoozes (whatever happened meanwhile)."""
+    pass_gate(payload["url"])
+    raise Snooze(60.0)
+
+
 def bad_result(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"value": "not a number"}
 
@@ -237,6 +263,10 @@ def accept(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 FAST_RETRY = Backoff(base_seconds=0.01, factor=2.0, max_seconds=0.05, jitter=0.0)
+# The `rated` kind's rate: two starts per partition in any second.
+RATED = (2, 1.0)
+# The `rated_hourly` kind's: a partition it fills stays full for the whole test.
+RATED_HOURLY = (2, 3600.0)
 
 
 def register_test_kinds(registry: Registry) -> None:
@@ -333,4 +363,36 @@ def register_test_kinds(registry: Registry) -> None:
         payload=GateLogSchema,
         result=GatePassedSchema,
         options=KindOptions(max_running=2),
+    )
+    registry.register("gated", log_around_gate, payload=GateLogSchema, result=GatePassedSchema)
+    registry.register(
+        "snooze_then_succeed",
+        snooze_then_succeed,
+        payload=SnoozeSchema,
+        result=AttemptSchema,
+        options=KindOptions(max_attempts=2, backoff=FAST_RETRY),
+    )
+    registry.register(
+        "snooze_at_gate", snooze_at_gate, payload=SnoozeAtGateSchema, result=EmptySchema
+    )
+    registry.register(
+        "rated",
+        accept,
+        payload=RatedSchema,
+        result=EmptySchema,
+        options=KindOptions(partition="key", rate=RATED),
+    )
+    registry.register(
+        "rated_hourly",
+        accept,
+        payload=RatedSchema,
+        result=EmptySchema,
+        options=KindOptions(partition="key", rate=RATED_HOURLY),
+    )
+    registry.register(
+        "one_per_key",
+        accept,
+        payload=RatedSchema,
+        result=EmptySchema,
+        options=KindOptions(partition="key", max_running_per_partition=1),
     )

@@ -29,6 +29,9 @@ class Reply:
     stall: threading.Event | None = None
     # Omit Content-Length (the body ends when the connection closes).
     no_length: bool = False
+    # Answer nothing, not even the status line, until this is set (or the
+    # server stops): the request stays in flight.
+    hold: threading.Event | None = None
 
 
 def recipe_page(title: str = "Tomato Soup", **extra: Any) -> bytes:
@@ -82,6 +85,9 @@ class PageServer:
         self.replies: dict[str, list[Reply]] = {}
         self.hits: Counter[str] = Counter()
         self.requests: list[dict[str, str]] = []
+        # Requests that arrived and are not yet answered, and the most at once.
+        self.in_flight = 0
+        self.most_in_flight = 0
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
@@ -119,6 +125,17 @@ class PageServer:
     def total_hits(self) -> int:
         return sum(self.hits.values())
 
+    def _arrived(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+
+    def _answering(self) -> None:
+        """Counted out before the answer is written, so that no client can
+        have it while its request still counts."""
+        with self._lock:
+            self.in_flight -= 1
+
     def _next_reply(self, path: str, headers: dict[str, str]) -> Reply | None:
         with self._lock:
             count = self.hits[path]
@@ -137,10 +154,17 @@ class _IPv6Server(ThreadingHTTPServer):
 def _handler_for(server: PageServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            server._arrived()
             path = urlsplit(self.path).path
-            reply = server._next_reply(path, {k.lower(): v for k, v in self.headers.items()})
-            if reply is None:
-                reply = Reply(status=404, body=b"not here")
+            try:
+                reply = server._next_reply(path, {k.lower(): v for k, v in self.headers.items()})
+                if reply is None:
+                    reply = Reply(status=404, body=b"not here")
+                if reply.hold is not None:
+                    while not reply.hold.wait(0.05) and not server.stopping.is_set():
+                        pass
+            finally:
+                server._answering()
             # The client may give up mid-body (a size cap, a timeout): expected.
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 self._send(reply)

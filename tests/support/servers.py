@@ -236,6 +236,11 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
             # No hourly prune job appearing among a test's jobs (retention's
             # own tests turn it on).
             "MEALQUEST_JOB_RETENTION_DAYS": "0",
+            # Every page a served test fetches is on one local server: a
+            # deployment's limits per host would make its imports take turns
+            # two at a time, 30 a minute (flow control's tests set their own).
+            "MEALQUEST_RECIPE_FETCH_MAX_PER_HOST": "0",
+            "MEALQUEST_RECIPE_FETCH_PER_HOST_PER_MINUTE": "0",
             "MEALQUEST_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         }

@@ -18,24 +18,29 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
 from mealquest.db import claiming, listing, outcomes
+from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.postgresql import partitions as limits_sql
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
+    MIN_PRIORITY,
     Attempt,
     ClaimRequest,
     HeldLease,
     Job,
     Lease,
     NewJob,
+    PartitionLimits,
     Recovered,
     Status,
     Transition,
@@ -45,7 +50,7 @@ from mealquest.model.jobs import (
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, partition_key"
 )
 # The claim's order: priority (lower first), then due time, then insertion order.
 CLAIM_ORDER = "priority, run_at, seq"
@@ -100,9 +105,9 @@ def _fence(lease: Lease) -> dict[str, Any]:
 
 _INSERT = (
     "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-    "priority, unique_key, unique_digest, run_at, created_at, updated_at) "
+    "priority, unique_key, unique_digest, partition_key, run_at, created_at, updated_at) "
     "VALUES (%(id)s, %(household_id)s, %(kind)s, %(payload)s, 'queued', %(max_attempts)s, "
-    "%(on_interrupt)s, %(priority)s, %(unique_key)s, %(unique_digest)s, "
+    "%(on_interrupt)s, %(priority)s, %(unique_key)s, %(unique_digest)s, %(partition_key)s, "
     "coalesce(%(run_at)s::timestamptz, "
     "now() + make_interval(secs => coalesce(%(delay)s::double precision, 0))), now(), now()) "
     "ON CONFLICT (household_id, unique_key) WHERE unique_key IS NOT NULL DO NOTHING"
@@ -120,6 +125,7 @@ def _insert_params(job: NewJob) -> dict[str, Any]:
         "priority": job.priority,
         "unique_key": job.unique_key,
         "unique_digest": job.unique_digest,
+        "partition_key": job.partition_key,
         "run_at": job.run_at,
         "delay": None if job.delay_seconds is None else float(job.delay_seconds),
     }
@@ -150,14 +156,16 @@ _ARRAYS = (
     ("max_attempts", "integer"),
     ("on_interrupt", "text"),
     ("priority", "smallint"),
+    ("partition_key", "text"),
     ("run_at", "timestamptz"),
     ("delay", "double precision"),
 )
 _INSERT_ARRAYS = (
     "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, on_interrupt, "
-    "priority, run_at, created_at, updated_at) "
+    "priority, partition_key, run_at, created_at, updated_at) "
     "SELECT r.id, r.household_id, r.kind, r.payload, 'queued', r.max_attempts, r.on_interrupt, "
-    "r.priority, coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay, 0))), "
+    "r.priority, r.partition_key, "
+    "coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay, 0))), "
     "now(), now() "
     f"FROM unnest({', '.join(f'%({name})s::{kind}[]' for name, kind in _ARRAYS)}) "
     f"WITH ORDINALITY AS r({', '.join(name for name, _ in _ARRAYS)}, position) "
@@ -227,7 +235,8 @@ def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> 
     """Queue a failed or cancelled job again, due now, with a fresh attempt
     budget; other jobs are left as they are. Returns the job as it now is."""
     tx.execute(
-        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, result = NULL, "
+        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
+        "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
         "run_at = now(), updated_at = now() "
         "WHERE id = %(id)s AND status IN ('failed', 'cancelled') "
@@ -318,10 +327,15 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     this process can run: during a rolling deploy that adds a kind, older
     processes leave its jobs queued. `kind_limits` caps how many of a kind
     this claim takes (the process's room for it); `kind_caps` how many of a
-    kind may run in the whole deployment: for those kinds the claim first
-    takes a transaction advisory lock per kind, so claims that could take
-    them count the running jobs one after another (a counted claim made
-    exact by a lock), and the claim statement counts after the lock.
+    kind may run in the whole deployment, and `partitions` what each
+    partition of a kind may do: for those kinds the claim first takes a
+    transaction advisory lock per kind, so claims that could take them
+    count the running jobs (and a partition's starts) one after another (a
+    counted claim made exact by a lock), and the claim statement counts
+    after the lock. A job whose partition is at a limit is passed over
+    before households and jobs are chosen (so it hides no other job), and a
+    batch takes no more of a partition than it has room for
+    (`mealquest.db.partitions`). Paused kinds are never taken.
     """
     limit, kind_limits = request.limit, request.kind_limits
     kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
@@ -335,40 +349,62 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     # For the rest of this transaction only.
     tx.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     caps = {kind: cap for kind, cap in request.kind_caps.items() if kind in kinds}
-    for kind in sorted(caps):
+    limited = flow.limited_kinds(kinds, request.partitions)
+    # One order for every claim's locks, the kinds' caps and partitions alike.
+    for kind in sorted(set(caps) | set(limited)):
         tx.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
         ).fetchall()
+    limits = limits_sql.limits(limited, request.partitions, _NOW) if limited else None
     most, most_params = _most_of_kind(kinds, kind_limits, caps)
-    ranked = "SELECT seq, turn, place FROM picks"
+    picked = "picks"
+    if limits is not None:
+        # As many of a partition's jobs as it has room for, in the claim's
+        # order; the kinds' caps count what is left.
+        picked = (
+            "(SELECT seq, kind, turn, place FROM (SELECT p.seq, p.kind, p.partition_key, "
+            f"p.turn, p.place, {limits.room} AS room, row_number() OVER "
+            "(PARTITION BY p.kind, p.partition_key ORDER BY p.turn, p.place) AS nth "
+            f"FROM picks AS p{limits.joins}) AS roomy "
+            "WHERE partition_key IS NULL OR nth <= room)"
+        )
+    ranked = f"SELECT seq, turn, place FROM {picked} AS picked"
     if most:
         ranked = (
             f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
             "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
-            "FROM picks) AS p WHERE nth <= most"
+            f"FROM {picked} AS picked) AS p WHERE nth <= most"
         )
     queued = f"status = 'queued' AND run_at <= {_NOW}"
-    of_kinds = "kind = ANY(%(kinds)s::text[])"
+    of_kinds = "kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
+    unblocked = of_kinds
+    if limits is not None:
+        of_kinds += limits_sql.BLOCKED_FILTER
     full = [
         f"SELECT %(k{index})s::text WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
         f"AND kind = %(k{index})s) >= %(cap{index})s"
         for index, kind in enumerate(kinds)
         if kind in caps
     ]
-    full_kinds = ""
+    full_kinds = limits.ctes if limits is not None else ""
     if full:
         # Kinds at their deployment cap, left out before households and jobs
         # are chosen, so they cannot hide a household's other jobs.
-        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        full_kinds += f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
         queued += " AND kind NOT IN (SELECT kind FROM full_kinds)"
     # The best priority of the jobs this claim may take: the first in the
     # claim index's order (priority, run_at, seq) that is due and of a kind
     # this claim takes. The kinds are tested outside an `OFFSET 0` subquery
     # that walks that index: asked in one query, a planner without the
     # table's statistics (which lag a burst of enqueues) read every due job
-    # through the kinds' index and sorted them, 4 ms at 8,000 queued.
+    # through the kinds' index and sorted them, 4 ms at 8,000 queued. With
+    # limits per partition, the priorities are tried one after another
+    # instead (`_tier_by_tier`): that walk would pass over, one entry at a
+    # time, every job of a partition at its limit that comes first.
     full_kinds += (
-        "tier AS (SELECT priority FROM (SELECT priority, kind FROM jobs "
+        "tier AS (SELECT %(tier)s::integer AS priority),\n"
+        if limits is not None
+        else "tier AS (SELECT priority FROM (SELECT priority, kind FROM jobs "
         f"WHERE {queued} ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
         f"WHERE {of_kinds} LIMIT 1),\n"
     )
@@ -383,8 +419,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     # alone (its own `status` test let the planner read the queued jobs'
     # index instead). The rows are queued: `picks` locked them so, after
     # checking, and nobody changes them until this commits.
-    rows = tx.execute(
-        f"""
+    statement = f"""
 WITH {full_kinds}idle AS (
     SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
            q.head_run_at, q.head_seq
@@ -418,11 +453,11 @@ candidates AS (
     FOR UPDATE OF q SKIP LOCKED
 ),
 picks AS (
-    SELECT j.seq, j.kind, j.run_at, c.place,
+    SELECT j.seq, j.kind, j.partition_key, j.run_at, c.place,
            c.running + row_number() OVER (PARTITION BY c.household_id ORDER BY j.run_at, j.seq)
            AS turn
     FROM candidates AS c CROSS JOIN LATERAL (
-        SELECT seq, kind, run_at FROM jobs
+        SELECT seq, kind, partition_key, run_at FROM jobs
         WHERE household_id = c.household_id AND {due}
         ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) AS j
@@ -432,25 +467,61 @@ UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner
     lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
     started_at = {_NOW}, updated_at = {_NOW}
 WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
-RETURNING {_qualified("jobs")}""",
-        {
-            "now": request.now,
-            "kinds": list(kinds),
-            "limit": limit,
-            "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
-            "owner": request.owner,
-            "lease_seconds": float(request.lease_seconds),
-            **most_params,
-        },
-    ).fetchall()
+RETURNING {_qualified("jobs")}"""
+    params = {
+        "now": request.now,
+        "kinds": list(kinds),
+        "limit": limit,
+        "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
+        "owner": request.owner,
+        "lease_seconds": float(request.lease_seconds),
+        **most_params,
+    }
+    if limits is None:
+        rows = tx.execute(statement, params).fetchall()
+    else:
+        rows = _tier_by_tier(tx, statement, {**params, **limits.params}, unblocked)
     # RETURNING gives no order; hand jobs out in the claim's.
-    return sorted((_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq))
+    claimed = sorted(
+        (_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
+    )
+    if limits is not None:
+        limits_sql.record_starts(tx, claimed, request.partitions)
+    return claimed
+
+
+def _tier_by_tier(
+    tx: Transaction, statement: str, params: dict[str, Any], of_kinds: str
+) -> list[dict[str, Any]]:
+    """The claim statement's rows at the best priority it takes any job of:
+    each priority of the due jobs (of the kinds `of_kinds` admits, the
+    partitions' limits aside),
+    best first, each found by one probe of the claim index, until one
+    yields jobs. A priority whose every due job is in a partition at its
+    limit yields none, and the next has its turn. So no claim reads the
+    jobs of a partition at its limit one by one to find its priority."""
+    after = MIN_PRIORITY - 1
+    while True:
+        tier = tx.execute(
+            "SELECT priority FROM (SELECT priority, kind FROM jobs "
+            f"WHERE status = 'queued' AND run_at <= {_NOW} AND priority > %(after)s::integer "
+            "ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
+            f"WHERE {of_kinds} LIMIT 1",
+            {**params, "after": after},
+        ).fetchone()
+        if tier is None:
+            return []
+        rows = tx.execute(statement, {**params, "tier": tier["priority"]}).fetchall()
+        if rows:
+            return rows
+        after = tier["priority"]
 
 
 def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
     """Up to `request.limit` due jobs: by priority (lower first), each
     priority's households in turn (`mealquest.db.claiming`)."""
-    return claiming.by_priority(_claim_one_priority, has_due_job, tx, request)
+    due = functools.partial(has_due_job, partitions=request.partitions)
+    return claiming.by_priority(_claim_one_priority, due, tx, request)
 
 
 def _qualified(table: str) -> str:
@@ -497,6 +568,8 @@ _ATTEMPT: dict[Attempt, str] = {
     Attempt.SPEND: "interruptions = 0",
     Attempt.REFUND: "attempt = attempt - 1",
 }
+# A snooze counts on the job (unless a cancel wins), and ends its interruptions in a row.
+_SNOOZED = f"snoozes = jobs.snoozes + CASE WHEN {_CANCELLING} THEN 0 ELSE 1 END, interruptions = 0"
 
 
 def transition(tx: Transaction, change: Transition) -> bool:
@@ -504,14 +577,15 @@ def transition(tx: Transaction, change: Transition) -> bool:
 
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
-    started. `delay_seconds` None keeps its `run_at`, and so its place in the
-    queue. Either ends the job cancelled instead if a cancel was requested
-    meanwhile.
+    started; a snooze is such a refund, counted in the job's `snoozes`.
+    `delay_seconds` None keeps its `run_at`, and so its place in the queue.
+    Each ends the job cancelled instead if a cancel was requested meanwhile.
     """
-    check_transition(change.to, change.attempt)
+    check_transition(change.to, change.attempt, change.snoozed)
     delay = change.delay_seconds
+    snoozed = f"{_SNOOZED}, " if change.snoozed else ""
     cursor = tx.execute(
-        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {_CLEAR_LEASE} "
+        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {snoozed}{_CLEAR_LEASE} "
         f"WHERE {_FENCE}",
         {
             "to": str(change.to),
@@ -525,8 +599,9 @@ def transition(tx: Transaction, change: Transition) -> bool:
 
 
 # `transition` for a batch, in one statement: each row of `change` carries its
-# target status, whether the attempt is refunded, and its result, error and
-# delay; the same columns as `_TO` and `_ATTEMPT` set, chosen per row.
+# target status, whether the attempt is refunded (and whether as a snooze),
+# and its result, error and delay; the same columns as `_TO`, `_ATTEMPT` and
+# `_SNOOZED` set, chosen per row.
 _CHANGE_CANCELLING = "change.status = 'queued' AND jobs.cancel_requested_at IS NOT NULL"
 _TRANSITION_MANY = (
     "UPDATE jobs SET "
@@ -540,13 +615,16 @@ _TRANSITION_MANY = (
     f"run_at = CASE WHEN change.status <> 'queued' OR {_CHANGE_CANCELLING} "
     "OR change.delay IS NULL THEN jobs.run_at "
     "ELSE now() + make_interval(secs => change.delay) END, "
-    "interruptions = CASE WHEN change.refund THEN jobs.interruptions ELSE 0 END, "
+    "interruptions = CASE WHEN change.refund AND NOT change.snoozed "
+    "THEN jobs.interruptions ELSE 0 END, "
     "attempt = CASE WHEN change.refund THEN jobs.attempt - 1 ELSE jobs.attempt END, "
+    f"snoozes = CASE WHEN change.snoozed AND NOT ({_CHANGE_CANCELLING}) "
+    "THEN jobs.snoozes + 1 ELSE jobs.snoozes END, "
     "lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
     "FROM unnest(%(ids)s::text[], %(owners)s::text[], %(attempts)s::integer[], "
     "%(statuses)s::text[], %(refunds)s::boolean[], %(results)s::text[], %(errors)s::text[], "
-    "%(delays)s::double precision[]) "
-    "AS change(id, owner, attempt, status, refund, result, error, delay) "
+    "%(delays)s::double precision[], %(snoozed)s::boolean[]) "
+    "AS change(id, owner, attempt, status, refund, result, error, delay, snoozed) "
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
     "AND jobs.attempt = change.attempt RETURNING jobs.id"
 )
@@ -566,6 +644,7 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
                 None if change.delay_seconds is None else float(change.delay_seconds)
                 for change in transitions
             ],
+            "snoozed": [change.snoozed for change in transitions],
         },
     ).fetchall()
     return {row["id"] for row in rows}
@@ -609,13 +688,24 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
 
 
-def has_due_job(conn: Reads, kinds: Collection[str]) -> bool:
+def has_due_job(
+    conn: Reads,
+    kinds: Collection[str],
+    *,
+    partitions: Mapping[str, PartitionLimits] | None = None,
+) -> bool:
+    """Whether a due job of `kinds` is queued that a claim could take: not of
+    a paused kind, nor (with `partitions`) of a partition at a limit."""
     if not kinds:
         return False
+    limited = flow.limited_kinds(kinds, partitions or {})
+    limits = limits_sql.limits(limited, partitions or {}, "now()") if limited else None
+    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
     row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= now() "
-        "AND kind = ANY(%s::text[])) AS due",
-        (list(kinds),),
+        f"{head}SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= now() "
+        "AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
+        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}) AS due",
+        {"kinds": list(kinds), **(limits.params if limits is not None else {})},
     ).fetchone()
     return bool(row["due"])
 

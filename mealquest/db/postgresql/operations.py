@@ -21,8 +21,9 @@ _NOW = "coalesce(%(now)s::timestamptz, now())"
 
 
 def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
-    """Rows by (kind, status), the oldest due queued job of each kind, and how
-    many jobs finished in the hour before `now` (None: the database's clock)."""
+    """Rows by (kind, status), the oldest due queued job of each kind, how
+    many jobs finished in the hour before `now` (None: the database's clock),
+    and the paused kinds."""
     counts = {
         (row["kind"], row["status"]): int(row["count"])
         for row in conn.execute(
@@ -46,7 +47,13 @@ def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
         f"AND finished_at >= {_NOW} - interval '1 hour'",
         {"now": now},
     ).fetchone()["count"]
-    return QueueFigures(counts=counts, oldest_due=oldest, finished_last_hour=finished)
+    paused = tuple(
+        row["kind"]
+        for row in conn.execute("SELECT kind FROM paused_kinds ORDER BY kind").fetchall()
+    )
+    return QueueFigures(
+        counts=counts, oldest_due=oldest, finished_last_hour=finished, paused=paused
+    )
 
 
 def fold_counts(tx: Transaction) -> None:

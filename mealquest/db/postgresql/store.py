@@ -43,6 +43,7 @@ import gevent
 from gevent import monkey
 
 from mealquest.db.driver import (
+    FlowStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -63,6 +64,7 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import POOLERS
 from mealquest.db.postgresql import (
+    flow,
     households,
     jobs,
     migrate,
@@ -174,6 +176,7 @@ class PostgresStore:
     operators: OperatorStatements = operators
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
+    flow: FlowStatements = flow
 
     def describe(self) -> str:
         """The database as messages name it: host, port and name, never the password."""

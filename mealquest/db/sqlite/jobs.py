@@ -18,20 +18,25 @@ import functools
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db import claiming, listing, outcomes
+from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.sqlite import partitions as limits_sql
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
+    MIN_PRIORITY,
     Attempt,
     ClaimRequest,
     HeldLease,
     Job,
     Lease,
     NewJob,
+    PartitionLimits,
     Recovered,
     Status,
     Transition,
@@ -41,7 +46,7 @@ from mealquest.model.jobs import (
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, partition_key"
 )
 
 
@@ -56,6 +61,7 @@ _INSERTED = (
     "priority",
     "unique_key",
     "unique_digest",
+    "partition_key",
     "run_at",
     "created_at",
     "updated_at",
@@ -90,6 +96,7 @@ def _insert_row(moment: datetime, now: str, job: NewJob) -> tuple[object, ...]:
         job.priority,
         job.unique_key,
         job.unique_digest,
+        job.partition_key,
         due,
         now,
         now,
@@ -172,7 +179,8 @@ def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> 
     now = _text(None)
     scope = "" if household_id is None else " AND household_id = :household_id"
     tx.execute(
-        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, result = NULL, "
+        "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
+        "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
         "run_at = :now, updated_at = :now "
         f"WHERE id = :job_id AND status IN ('failed', 'cancelled'){scope}",
@@ -250,11 +258,15 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     jobs each, through indexes; never the finished rows or the households
     with nothing queued.
 
-    Only the kinds this process can run: during a rolling deploy that adds a
-    kind, older processes leave its jobs queued for the newer ones.
-    `kind_limits` caps how many of a kind this claim takes (the process's
-    room for it); `kind_caps` how many of a kind may run in the whole
-    deployment.
+    Only the kinds this process can run, and none that is paused: during a
+    rolling deploy that adds a kind, older processes leave its jobs queued
+    for the newer ones. `kind_limits` caps how many of a kind this claim
+    takes (the process's room for it); `kind_caps` how many of a kind may
+    run in the whole deployment; `partitions` what each partition of a kind
+    may do: a job whose partition is at a limit is passed over before
+    households and jobs are chosen (so it hides no other job), and a batch
+    takes no more of a partition than it has room for
+    (`mealquest.db.partitions`).
     """
     limit, kind_limits, kind_caps = request.limit, request.kind_limits, request.kind_caps
     kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
@@ -264,8 +276,14 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     names = {f"k{index}": kind for index, kind in enumerate(kinds)}
     due = (
         "status = 'queued' AND run_at <= :now "
-        f"AND kind IN ({', '.join(f':{name}' for name in names)})"
+        f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
+        "AND kind NOT IN (SELECT kind FROM paused_kinds)"
     )
+    limited = flow.limited_kinds(kinds, request.partitions)
+    limits = limits_sql.limits(limited, request.partitions, moment) if limited else None
+    unblocked = due
+    if limits is not None:
+        due += limits_sql.BLOCKED_FILTER
     most, most_params = _most_of_kind(kinds, kind_limits, kind_caps)
     full = [
         f"SELECT :k{index} WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
@@ -273,25 +291,40 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         for index, kind in enumerate(kinds)
         if kind in kind_caps
     ]
-    full_kinds = ""
+    full_kinds = limits.ctes if limits is not None else ""
     if full:
         # Kinds at their deployment cap, left out before households and jobs
         # are chosen, so they cannot hide a household's other jobs.
-        full_kinds = f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
+        full_kinds += f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
         due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
     # The best priority of the jobs this claim may take: the first in the
     # claim index's order (priority, run_at, seq) that is due and claimable.
+    # With limits per partition, the priorities are tried one after another
+    # instead (`_tier_by_tier`): that walk would pass over, one entry at a
+    # time, every job of a partition at its limit that comes first.
     full_kinds += (
-        f"tier(priority) AS (SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
+        "tier(priority) AS (SELECT :tier),\n"
+        if limits is not None
+        else f"tier(priority) AS (SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
         "ORDER BY priority LIMIT 1),\n"
     )
     due += " AND priority = (SELECT priority FROM tier)"
-    ranked = "SELECT seq, turn, place FROM picks"
+    picked = "picks"
+    if limits is not None:
+        # As many of a partition's jobs as it has room for, in the claim's
+        # order; the kinds' caps count what is left.
+        picked = (
+            "(SELECT seq, kind, turn, place FROM (SELECT p.seq, p.kind, p.partition_key, "
+            f"p.turn, p.place, {limits.room} AS room, row_number() OVER "
+            "(PARTITION BY p.kind, p.partition_key ORDER BY p.turn, p.place) AS nth "
+            f"FROM picks AS p{limits.joins}) WHERE partition_key IS NULL OR nth <= room)"
+        )
+    ranked = f"SELECT seq, turn, place FROM {picked}"
     if most:
         ranked = (
             f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
             "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
-            "FROM picks) WHERE nth <= most"
+            f"FROM {picked}) WHERE nth <= most"
         )
     # INDEXED BY and the `+` keep the plan an ordered walk of the households'
     # turn index and a read of the running rows only, whatever ANALYZE found:
@@ -299,8 +332,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     # or group the whole table by household; and a household's queued and
     # running jobs are read through their partial indexes, not through
     # (household_id, kind, seq), which holds its whole history.
-    rows = tx.execute(
-        f"""
+    statement = f"""
 WITH {full_kinds}candidates(household_id, running, place) AS (
     SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) FROM (
         SELECT * FROM (
@@ -327,7 +359,7 @@ WITH {full_kinds}candidates(household_id, running, place) AS (
     ORDER BY {_TURN} LIMIT :limit
 ),
 picks AS (
-    SELECT j.seq, j.kind, j.run_at, c.place,
+    SELECT j.seq, j.kind, j.partition_key, j.run_at, c.place,
            c.running + row_number() OVER (PARTITION BY j.household_id ORDER BY j.run_at, j.seq)
            AS turn
     FROM candidates AS c JOIN jobs AS j ON j.seq IN (
@@ -339,27 +371,58 @@ picks AS (
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
     lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment
 WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
-RETURNING {_COLUMNS}""",
-        {
-            "owner": request.owner,
-            "lease_expires_at": _text(moment + timedelta(seconds=request.lease_seconds)),
-            "moment": _text(moment),
-            "now": _text(moment),
-            "limit": limit,
-            **names,
-            **most_params,
-        },
-    ).fetchall()
+RETURNING {_COLUMNS}"""
+    params = {
+        "owner": request.owner,
+        "lease_expires_at": _text(moment + timedelta(seconds=request.lease_seconds)),
+        "moment": _text(moment),
+        "now": _text(moment),
+        "limit": limit,
+        **names,
+        **most_params,
+    }
+    if limits is None:
+        rows = tx.execute(statement, params).fetchall()
+    else:
+        rows = _tier_by_tier(tx, statement, {**params, **limits.params}, unblocked)
     # RETURNING gives no order; hand jobs out in the claim's.
-    return sorted(
+    claimed = sorted(
         (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
     )
+    if limits is not None:
+        limits_sql.record_starts(tx, claimed, request.partitions, moment)
+    return claimed
+
+
+def _tier_by_tier(
+    tx: Transaction, statement: str, params: dict[str, object], due: str
+) -> list[Any]:
+    """The claim statement's rows at the best priority it takes any job of:
+    each priority of the due jobs (`due`, the partitions' limits aside),
+    best first, each found by one probe of the claim index, until one
+    yields jobs. A priority whose every due job is in a partition at its
+    limit yields none, and the next has its turn. So no claim reads the
+    jobs of a partition at its limit one by one to find its priority."""
+    after = MIN_PRIORITY - 1
+    while True:
+        tier = tx.execute(
+            f"SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
+            "AND priority > :after ORDER BY priority LIMIT 1",
+            {**params, "after": after},
+        ).fetchone()
+        if tier is None:
+            return []
+        rows = tx.execute(statement, {**params, "tier": tier["priority"]}).fetchall()
+        if rows:
+            return rows
+        after = tier["priority"]
 
 
 def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
     """Up to `request.limit` due jobs: by priority (lower first), each
     priority's households in turn (`mealquest.db.claiming`)."""
-    return claiming.by_priority(_claim_one_priority, has_due_job, tx, request)
+    due = functools.partial(has_due_job, partitions=request.partitions)
+    return claiming.by_priority(_claim_one_priority, due, tx, request)
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
@@ -404,6 +467,8 @@ _ATTEMPT: dict[Attempt, str] = {
     Attempt.REFUND: "attempt = attempt - 1",
 }
 _CLEAR_LEASE = "lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
+# A snooze counts on the job (unless a cancel wins), and ends its interruptions in a row.
+_SNOOZED = f"snoozes = snoozes + CASE WHEN {_CANCELLING} THEN 0 ELSE 1 END, interruptions = 0"
 
 
 def transition(tx: Transaction, change: Transition) -> bool:
@@ -411,15 +476,17 @@ def transition(tx: Transaction, change: Transition) -> bool:
 
     `to=QUEUED` with `Attempt.SPEND` is a retry, due `delay_seconds` from
     now; with `Attempt.REFUND` the job goes back as if the attempt never
-    started (`delay_seconds` None keeps its place in the queue). Either ends
-    the job cancelled instead if a cancel was requested meanwhile.
+    started (`delay_seconds` None keeps its place in the queue); a snooze
+    is such a refund, counted in the job's `snoozes`. Each ends the job
+    cancelled instead if a cancel was requested meanwhile.
     """
-    check_transition(change.to, change.attempt)
+    check_transition(change.to, change.attempt, change.snoozed)
     moment = _moment(None)
     delay = change.delay_seconds
     run_at = None if delay is None else _text(moment + timedelta(seconds=delay))
+    snoozed = f"{_SNOOZED}, " if change.snoozed else ""
     cursor = tx.execute(
-        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {_CLEAR_LEASE} "
+        f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {snoozed}{_CLEAR_LEASE} "
         f"WHERE {_FENCE}",
         {
             "to": str(change.to),
@@ -434,12 +501,23 @@ def transition(tx: Transaction, change: Transition) -> bool:
 
 
 # `transition` for a batch, in one statement: each row of `change` carries its
-# lease, target status, whether the attempt is refunded, and its result, error
-# and new run time; the columns are those `_TO` and `_ATTEMPT` set, chosen per
-# row. Bound by position, `?1` the moment and the rows' values after it (by
-# name, each of a row's eight parameters was looked up: 50 us against 35 for
-# four rows, and growing with the square of the rows).
-_CHANGE_COLUMNS = ("id", "owner", "attempt", "status", "refunded", "result", "error", "run_at")
+# lease, target status, whether the attempt is refunded (and whether as a
+# snooze), and its result, error and new run time; the columns are those
+# `_TO`, `_ATTEMPT` and `_SNOOZED` set, chosen per row. Bound by position,
+# `?1` the moment and the rows' values after it (by name, each of a row's
+# parameters was looked up: 50 us against 35 for four rows, and growing with
+# the square of the rows).
+_CHANGE_COLUMNS = (
+    "id",
+    "owner",
+    "attempt",
+    "status",
+    "refunded",
+    "result",
+    "error",
+    "run_at",
+    "snoozed",
+)
 _CHANGE_CANCELLING = "change.status = 'queued' AND jobs.cancel_requested_at IS NOT NULL"
 _TRANSITION_MANY_HEAD = (
     "UPDATE jobs SET "
@@ -452,8 +530,11 @@ _TRANSITION_MANY_HEAD = (
     "THEN ?1 END, "
     f"run_at = CASE WHEN change.status <> 'queued' OR {_CHANGE_CANCELLING} THEN jobs.run_at "
     "ELSE COALESCE(change.run_at, jobs.run_at) END, "
-    "interruptions = CASE WHEN change.refunded THEN jobs.interruptions ELSE 0 END, "
+    "interruptions = CASE WHEN change.refunded AND NOT change.snoozed "
+    "THEN jobs.interruptions ELSE 0 END, "
     "attempt = CASE WHEN change.refunded THEN jobs.attempt - 1 ELSE jobs.attempt END, "
+    f"snoozes = CASE WHEN change.snoozed AND NOT ({_CHANGE_CANCELLING}) "
+    "THEN jobs.snoozes + 1 ELSE jobs.snoozes END, "
     f"{_CLEAR_LEASE.replace(':now', '?1')} FROM (SELECT "
     + ", ".join(f"column{index} AS {name}" for index, name in enumerate(_CHANGE_COLUMNS, 1))
     + " FROM (VALUES "
@@ -463,8 +544,8 @@ _TRANSITION_MANY_TAIL = (
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
     "AND jobs.attempt = change.attempt RETURNING jobs.id"
 )
-# Rows a statement takes at most: 8,001 values, well within the 32,766 SQLite
-# binds by default, and a statement text of about 40 kB.
+# Rows a statement takes at most: 9,001 values, well within the 32,766 SQLite
+# binds by default, and a statement text of about 45 kB.
 _TRANSITION_MANY_ROWS = 1_000
 
 
@@ -494,6 +575,7 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
                 None
                 if change.delay_seconds is None
                 else _text(moment + timedelta(seconds=change.delay_seconds)),
+                change.snoozed,
             )
         statement = _transition_many_statement(len(chunk))
         moved.update(found["id"] for found in tx.execute(statement, params).fetchall())
@@ -543,13 +625,28 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
 
 
-def has_due_job(conn: Reads, kinds: Collection[str]) -> bool:
+def has_due_job(
+    conn: Reads,
+    kinds: Collection[str],
+    *,
+    partitions: Mapping[str, PartitionLimits] | None = None,
+) -> bool:
+    """Whether a due job of `kinds` is queued that a claim could take: not of
+    a paused kind, nor (with `partitions`) of a partition at a limit."""
     if not kinds:
         return False
+    moment = _moment(None)
+    kinds = list(kinds)
+    names = {f"k{index}": kind for index, kind in enumerate(kinds)}
+    limited = flow.limited_kinds(kinds, partitions or {})
+    limits = limits_sql.limits(limited, partitions or {}, moment) if limited else None
+    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
     row = conn.execute(
-        "SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= ? "
-        f"AND kind IN ({_placeholders(kinds)}) LIMIT 1",
-        (_text(None), *kinds),
+        f"{head}SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= :now "
+        f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
+        "AND kind NOT IN (SELECT kind FROM paused_kinds)"
+        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''} LIMIT 1",
+        {"now": _text(moment), **names, **(limits.params if limits is not None else {})},
     ).fetchone()
     return row is not None
 

@@ -21,8 +21,9 @@ from mealquest.model.queue import DueJob, QueueFigures
 
 def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
     """Rows by (kind, status) from `job_counts` (kept by triggers), the oldest
-    due queued job of each kind (`jobs_due_by_kind`), and how many jobs
-    finished in the hour before `now` (None: the wall clock)."""
+    due queued job of each kind (`jobs_due_by_kind`), how many jobs
+    finished in the hour before `now` (None: the wall clock), and the paused
+    kinds."""
     moment = now or utc_now()
     now_text = to_text(moment)
     counts = {
@@ -45,7 +46,13 @@ def queue_figures(conn: Reads, now: datetime | None = None) -> QueueFigures:
         "SELECT count(*) FROM jobs WHERE finished_at IS NOT NULL AND finished_at >= ?",
         (to_text(moment - timedelta(hours=1)),),
     ).fetchone()[0]
-    return QueueFigures(counts=counts, oldest_due=oldest, finished_last_hour=finished)
+    paused = tuple(
+        row["kind"]
+        for row in conn.execute("SELECT kind FROM paused_kinds ORDER BY kind").fetchall()
+    )
+    return QueueFigures(
+        counts=counts, oldest_due=oldest, finished_last_hour=finished, paused=paused
+    )
 
 
 def fold_counts(tx: Transaction) -> None:

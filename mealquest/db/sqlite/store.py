@@ -42,6 +42,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import gevent
 
 from mealquest.db.driver import (
+    FlowStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -62,6 +63,7 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
+    flow,
     households,
     jobs,
     migrate,
@@ -177,6 +179,7 @@ class SqliteStore:
     operators: OperatorStatements = operators
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
+    flow: FlowStatements = flow
 
     def describe(self) -> str:
         """The database as messages name it."""

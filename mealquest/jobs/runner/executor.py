@@ -29,6 +29,7 @@ from mealquest.jobs.outcome import (
     Outcome,
     bounded_failure_message,
     failed,
+    snoozed,
 )
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.runner import metrics
@@ -39,11 +40,13 @@ from mealquest.masking import mask
 from mealquest.model.jobs import (
     MAX_RESULT_BYTES,
     MESSAGE_INTERNAL,
+    MESSAGE_SNOOZED_TOO_OFTEN,
     MESSAGE_TIMED_OUT,
     Attempt,
     Failure,
     Job,
     Lease,
+    Snooze,
     Status,
 )
 from mealquest.storable import storable_text
@@ -195,6 +198,8 @@ class Executor:
             logger.info("job cancelled", extra=extra)
         elif outcome.to is Status.SUCCEEDED:
             logger.info("job succeeded", extra=extra)
+        elif outcome.snoozed:
+            logger.info("job snoozed for %.1fs", outcome.delay_seconds or 0.0, extra=extra)
         elif outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
             logger.info("job re-queued for attempt %d", entry.job.attempt + 1, extra=extra)
         elif outcome.to is Status.QUEUED:
@@ -299,6 +304,8 @@ class Executor:
             message = bounded_failure_message(storable_text(ended.message))
             logger.info("job failed: %s", mask(message), extra=extra)
             return failed(message)
+        if isinstance(ended, Snooze):
+            return self._snooze(job, ended, extra)
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
             logger.warning("job stopped by a storage fault; re-queued", extra=extra)
@@ -334,6 +341,15 @@ class Executor:
         else:
             logger.error("job failed", exc_info=error, extra=extra)
         return self._retry_or_fail(job, kind, MESSAGE_INTERNAL)
+
+    def _snooze(self, job: Job, snooze: Snooze, extra: dict[str, Any]) -> Outcome:
+        """Back to the queue in `snooze.seconds`, the attempt not spent; a
+        job snoozed as often as it may fails instead, so none comes back
+        forever. (A cancel that reached the job meanwhile wins either way.)"""
+        if job.snoozes >= self.settings.max_snoozes:
+            logger.warning("job snoozed %d times; failed", job.snoozes + 1, extra=extra)
+            return failed(MESSAGE_SNOOZED_TOO_OFTEN)
+        return snoozed(snooze.seconds)
 
     @staticmethod
     def _retry_or_fail(job: Job, kind: Kind, message: str) -> Outcome:

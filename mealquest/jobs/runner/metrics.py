@@ -24,17 +24,25 @@ from mealquest.model.jobs import Recovered, Status
 logger = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted"
+SNOOZED = "snoozed"
 # An attempt that ends queued again is a retry (its attempt spent or, after a
-# storage fault, refunded); the other outcomes are named by their status.
+# storage fault, refunded) unless its handler snoozed it; the other outcomes
+# are named by their status.
 _OUTCOMES = {Status.QUEUED: "retried"}
 
 
+def _outcome_label(outcome: Outcome) -> str:
+    if outcome.snoozed:
+        return SNOOZED
+    return _OUTCOMES.get(outcome.to, str(outcome.to))
+
+
 @functools.cache
-def _runs(kind: str, outcome: Status) -> Any:
+def _runs(kind: str, outcome: str) -> Any:
     """The run counter of a kind and outcome. Kept: `labels()` checks and
     locks on every call, a tenth of what a no-op job costs its worker.
     Bounded by the registered kinds times the outcomes."""
-    return JOB_RUNS.labels(kind=kind, outcome=_OUTCOMES.get(outcome, str(outcome)))
+    return JOB_RUNS.labels(kind=kind, outcome=outcome)
 
 
 @functools.cache
@@ -46,7 +54,7 @@ def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> No
     """A handler's attempt ended and its outcome is stored: count it, and how
     long the handler ran (from the start the executor gave its timeout)."""
     kind = entry.job.kind
-    _runs(kind, outcome.to).inc()
+    _runs(kind, _outcome_label(outcome)).inc()
     registered = registry.get(kind)
     if registered is not None:
         started = entry.deadline - registered.options.timeout_seconds
@@ -56,7 +64,7 @@ def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> No
 def given_up(kind: str, outcome: Outcome) -> None:
     """A handler that would not die was given up on and its job recorded
     (failed, or cancelled if a cancel had reached it)."""
-    JOB_RUNS.labels(kind=kind, outcome=_OUTCOMES.get(outcome.to, str(outcome.to))).inc()
+    JOB_RUNS.labels(kind=kind, outcome=_outcome_label(outcome)).inc()
 
 
 def interrupted(entries: Iterable[Running], recovered: Recovered) -> None:

@@ -121,6 +121,7 @@ class Producer:
             kinds=self.registry.names(),
             kind_limits={kind: min(free, limit) for kind, free in room.items()},
             kind_caps=self.registry.deployment_caps(),
+            partitions=self.registry.partition_limits(),
         )
 
     def next_claim(self, limit: int, finishing: Counter[str]) -> ClaimRequest | None:
@@ -202,7 +203,13 @@ class Producer:
                 # Something committed (maybe only a heartbeat): claim only if a job is due.
                 # Only kinds with room: a kind at its cap here waits for a slot
                 # of its own, which wakes the producer when it frees.
-                if self.store.read(self.store.jobs.has_due_job, self.claimable_kinds()):
+                # Nor a paused kind, nor a partition at a limit: another
+                # process's commits would each start a claim that takes nothing.
+                if self.store.read(
+                    self.store.jobs.has_due_job,
+                    self.claimable_kinds(),
+                    partitions=self.registry.partition_limits(),
+                ):
                     return
         except StoreUnavailable:
             self._wake.wait(max(deadline - time.monotonic(), 0))

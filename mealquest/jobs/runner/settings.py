@@ -38,6 +38,8 @@ class PoolSettings:
     # How old a periodic kind's scheduled time may be and still make its job
     # when a scheduler first looks after it (processes down across it).
     cron_catchup_seconds: float = DEFAULTS["JOB_CRON_CATCHUP_SECONDS"]
+    # How many times a job may be snoozed; the next snooze fails it.
+    max_snoozes: int = DEFAULTS["JOB_MAX_SNOOZES"]
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -55,6 +57,8 @@ class PoolSettings:
             raise ValueError("pool intervals and the lease must be positive")
         if self.cron_catchup_seconds <= 0:
             raise ValueError("cron_catchup_seconds must be positive")
+        if self.max_snoozes < 0:
+            raise ValueError("max_snoozes must be 0 or more")
         if self.max_blocking_seconds < 0:
             raise ValueError("max_blocking_seconds must be 0 (off) or positive")
         if self.heartbeat_seconds >= self.lease_seconds:
@@ -79,4 +83,5 @@ class PoolSettings:
             unhandled_report_seconds=float(config["JOB_UNHANDLED_REPORT_SECONDS"]),
             max_blocking_seconds=float(config["JOB_MAX_BLOCKING_SECONDS"]),
             cron_catchup_seconds=float(config["JOB_CRON_CATCHUP_SECONDS"]),
+            max_snoozes=int(config["JOB_MAX_SNOOZES"]),
         )

@@ -1,0 +1,42 @@
+"""Why a queued job waits, as the job's page says it: its kind is paused, or
+its partition is at its limit of running jobs or at its rate.
+
+Read when the page is, from the pause table, the partition's running jobs
+(their partial index) and its rate ledger's row: a few probes, whatever
+the queue holds.
+"""
+
+from __future__ import annotations
+
+from mealquest.db.driver import Store
+from mealquest.jobs.registry import Registry
+from mealquest.masking import mask
+from mealquest.model.jobs import Job, Status
+
+
+def why_waiting(store: Store, registry: Registry, job: Job) -> str | None:
+    """A sentence saying what holds a queued job back, or None (nothing this
+    page knows of: its turn, its due time or a free slot)."""
+    if job.status is not Status.QUEUED:
+        return None
+    paused = {entry.kind: entry for entry in store.read(store.flow.paused_kinds)}
+    if job.kind in paused:
+        return f"Its kind is paused (since {paused[job.kind].paused_at}): no process claims it."
+    kind = registry.get(job.kind)
+    limits = kind.options.partition_limits if kind is not None else None
+    if limits is None or job.partition_key is None:
+        return None
+    state = store.read(store.flow.partition_state, job.kind, job.partition_key)
+    partition = mask(job.partition_key)
+    if limits.max_running is not None and state.running >= limits.max_running:
+        return (
+            f"Its partition {partition} has {state.running} jobs running, "
+            f"its limit of {limits.max_running}."
+        )
+    if limits.rate is not None and state.blocked_until is not None:
+        return (
+            f"Its partition {partition} started {limits.rate.count} jobs in "
+            f"{limits.rate.per_seconds:g} s, as many as its rate allows; "
+            f"it may start more at {state.blocked_until}."
+        )
+    return None
