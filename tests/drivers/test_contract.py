@@ -26,6 +26,8 @@ SETS = {
     "operators": driver.OperatorStatements,
     "sessions": driver.SessionStatements,
     "operations": driver.OperationStatements,
+    "processes": driver.ProcessStatements,
+    "streams": driver.StreamStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 
