@@ -184,9 +184,20 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
     if op.media_type != "application/json":
         content = {
             op.media_type: {
+                # Before OpenAPI 3.2 a stream's schema describes each of its
+                # events (the comment lines between them are not events).
                 "schema": {
-                    "type": "string",
-                    "description": f"events whose data is a `{_schema_name(op.response)}`",
+                    "type": "object",
+                    "description": (
+                        f"one event: `job`, whose data is a `{_schema_name(op.response)}`, "
+                        "or the last, `end`, whose data is the final `id` and `status`"
+                    ),
+                    "required": ["event", "id", "data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": ["job", "end"]},
+                        "id": {"type": "string", "pattern": "^[0-9]+$"},
+                        "data": {"type": "string", "description": "JSON"},
+                    },
                 }
             }
         }

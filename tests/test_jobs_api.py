@@ -330,3 +330,21 @@ def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, s
     )
     assert poll_twice()["status"] == "succeeded"
     assert poll_twice()["result"] == {"value": 3}
+
+
+def test_a_conditional_requests_bad_wait_or_tag_list_is_a_400_naming_it(
+    client, auth, jobs, household
+):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    url = f"/api/v1/jobs/{job_id}"
+    tag = {"If-None-Match": '"1"'}
+    for wait in ("0", "0.0", "-1", "30.5", "soon"):
+        answer = client.get(f"{url}?wait={wait}", headers={**auth, **tag})
+        assert answer.status_code == 400, wait
+        assert list(answer.json["error"]["fields"]) == ["wait"]
+    too_long = {"If-None-Match": ", ".join(f'"{n}"' for n in range(1, 300))}
+    answer = client.get(url, headers={**auth, **too_long})
+    assert answer.status_code == 400
+    assert answer.json["error"]["fields"] == {"If-None-Match": ["must be at most 1000 characters"]}
+    # A list of tags within the bound that names the version: 304.
+    assert client.get(url, headers={**auth, "If-None-Match": '"9", "1"'}).status_code == 304

@@ -94,6 +94,9 @@ _QUEUES_KEY = "mealquest.jobs.queues"
 # queued job, whose place in line is added per answer).
 _Answer = tuple[Household | None, Job | None, bytes | None]
 
+# Far above any list of our tags a client keeps; a longer header is refused
+# rather than parsed.
+IF_NONE_MATCH_MAX_LENGTH = 1000
 ETAG_HEADERS: dict[str, dict[str, Any]] = {
     "ETag": {
         "description": 'the job\'s version, quoted (`"7"`): send it back as `If-None-Match`',
@@ -108,7 +111,7 @@ IF_NONE_MATCH_PARAMETER: dict[str, Any] = {
         "the `ETag` of the version the client has: `304` while the job is still at it "
         "(with `wait`, once the job changes or the wait is over)"
     ),
-    "schema": {"type": "string", "maxLength": 1000},
+    "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
 }
 LAST_EVENT_ID_PARAMETER: dict[str, Any] = {
     "name": events.LAST_EVENT_ID,
@@ -164,6 +167,10 @@ def get_job(job_id: str) -> ResponseReturnValue:
             return refused
         raise not_found("job not found")
     wait = _wait_schema.load(request.args)["wait"] if request.args else None
+    if len(request.headers.get("If-None-Match", "")) > IF_NONE_MATCH_MAX_LENGTH:
+        raise ValidationError(
+            {"If-None-Match": [f"must be at most {IF_NONE_MATCH_MAX_LENGTH} characters"]}
+        )
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     household, job, body = _answer(app, job_id, header)
     if household is None:

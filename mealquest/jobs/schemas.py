@@ -148,10 +148,11 @@ class JobWaitQuerySchema(Schema):
         load_default=None,
         validate=validate.Range(min=0, max=30, min_inclusive=False),
         metadata={
+            "exclusiveMinimum": True,
             "description": (
                 "with `If-None-Match` naming the job's current version: hold the request "
                 "until the job changes (200) or this many seconds pass (304); 0 < wait <= 30"
-            )
+            ),
         },
     )
 
