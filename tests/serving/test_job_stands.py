@@ -123,6 +123,20 @@ def test_a_stream_sends_the_state_then_each_change_then_end(site):
     assert events[-1].id == str(final["version"])
 
 
+def test_a_change_another_process_writes_reaches_the_stream(site):
+    """The test's own process cancels a job gunicorn's worker streams: its
+    watcher sees writes from anywhere (NOTIFY, or polling through PgBouncer)."""
+    household = site.household("The Elsewheres")
+    job_id = insert(site, household, "succeed", delay=3600)
+
+    with EventStream(events_url(site, job_id), household.token) as stream:
+        assert stream.next().json["queue"]["waiting_for"] == "scheduled"
+        site.store.write(site.store.jobs.cancel_job, job_id)
+        events = stream.events_until_closed()
+    assert [e.name for e in events] == ["job", "end"]
+    assert events[0].json["status"] == "cancelled"
+
+
 def test_a_reconnect_with_the_last_event_id_gets_only_what_is_newer(site):
     token = site.household().token
     job_id = enqueue(site.server.url, token, "pid_gate", {"url": site.gates.url("resume")})
