@@ -4,7 +4,7 @@ a job builds it here, so that each carries the same object."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mealquest.jobs.live import get_live
@@ -16,7 +16,8 @@ def job_answer(job: Job) -> dict[str, Any]:
     return dump_job(job, get_live().standings.queue(job))
 
 
-def job_answers(jobs: Sequence[Job]) -> list[dict[str, Any]]:
-    """Many jobs' objects; the standings of the queued ones read together."""
+def job_dumper(jobs: Sequence[Job]) -> Callable[[Job], dict[str, Any]]:
+    """What writes each of `jobs` out as its object, the standings of the
+    queued ones read together beforehand (for a page cut as it is dumped)."""
     queues = get_live().standings.queues(jobs)
-    return [dump_job(job, queues.get(job.id)) for job in jobs]
+    return lambda job: dump_job(job, queues.get(job.id))

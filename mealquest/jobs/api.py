@@ -21,7 +21,7 @@ from mealquest.errors import APIError, conflict, error_response, not_found
 from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
 from mealquest.jobs import events
-from mealquest.jobs.answers import job_answer, job_answers
+from mealquest.jobs.answers import job_answer, job_dumper
 from mealquest.jobs.errors import TooManyJobs, TooManyStreams
 from mealquest.jobs.live import get_live
 from mealquest.jobs.schemas import (
@@ -327,9 +327,9 @@ def list_jobs() -> dict[str, Any]:
         before_seq=before,
         limit=limit + 1,
     )
-    page, cursor = paginate(jobs, limit, lambda job: job.seq)
     # Each job as `dump_job` writes `JobSchema`'s dump out (see the job route).
-    return {"jobs": job_answers(page), "next_cursor": cursor}
+    page, cursor = paginate(jobs, limit, lambda job: job.seq, job_dumper(jobs[:limit]))
+    return {"jobs": page, "next_cursor": cursor}
 
 
 @bp.post("/<job_id>/cancel")
