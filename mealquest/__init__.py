@@ -12,6 +12,7 @@ from mealquest import admin, cli, errors, health, json_bodies
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS, ConfigError, check_config
 from mealquest.extensions import init_store
+from mealquest.jobs import live as jobs_live
 from mealquest.jobs import service as jobs_service
 from mealquest.jobs.cli import jobs_cli
 from mealquest.logs import configure_logging
@@ -41,6 +42,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     configure_logging(app.config["LOG_LEVEL"])
     init_store(app)
     jobs_service.init_app(app)
+    jobs_live.init_app(app)
     recipe_import.init_app(app)
     errors.init_app(app)
     json_bodies.init_app(app)

@@ -42,6 +42,7 @@ ERROR_CODES = (
     "unsupported_media_type",
     "unavailable",
     "too_many_jobs",
+    "too_many_streams",
     "internal",
     "conflict",
     "idempotency_key_reused",
@@ -57,8 +58,9 @@ _ERROR_DESCRIPTIONS = {
     415: "the request body is not JSON: `unsupported_media_type`",
     422: ("the `Idempotency-Key` was already used with another request: `idempotency_key_reused`"),
     429: (
-        "the household has as many jobs queued or running as its quota allows "
-        "(retry after `Retry-After` seconds): `too_many_jobs`"
+        "the household is at a limit (retry after `Retry-After` seconds): as many jobs "
+        "queued or running as its quota allows, `too_many_jobs`; as many event streams "
+        "open as it may hold, `too_many_streams`"
     ),
     503: (
         "the database is busy, unreachable or its storage failed "
@@ -101,6 +103,11 @@ class Operation:
     headers: tuple[dict[str, Any], ...] = ()
     authenticated: bool = True
     summary: str | None = None
+    # What the success answer's body is: JSON of `response`, or a stream of
+    # another type (text/event-stream) whose events carry it.
+    media_type: str = "application/json"
+    # Whether the operation answers 304 to a conditional request.
+    not_modified: bool = False
 
     def error_statuses(self) -> list[int]:
         statuses = set(self.errors) | {414}
@@ -128,6 +135,8 @@ def operation(
     headers: Iterable[dict[str, Any]] = (),
     authenticated: bool = True,
     summary: str | None = None,
+    media_type: str = "application/json",
+    not_modified: bool = False,
 ) -> Callable[[F], F]:
     """Declare a view's contract; `build_document` reads it from the view function.
 
@@ -147,6 +156,8 @@ def operation(
             headers=tuple(headers),
             authenticated=authenticated,
             summary=summary,
+            media_type=media_type,
+            not_modified=not_modified,
         )
         return view
 
@@ -169,6 +180,27 @@ def _version() -> str:
 def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> dict[str, Any]:
     doc = (view.__doc__ or "").strip()
     first_line, _, description = doc.partition("\n")
+    content: dict[str, Any] = {"application/json": {"schema": op.response}}
+    if op.media_type != "application/json":
+        content = {
+            op.media_type: {
+                # Before OpenAPI 3.2 a stream's schema describes each of its
+                # events (the comment lines between them are not events).
+                "schema": {
+                    "type": "object",
+                    "description": (
+                        f"one event: `job`, whose data is a `{_schema_name(op.response)}`, "
+                        "or the last, `end`, whose data is the final `id` and `status`"
+                    ),
+                    "required": ["event", "id", "data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": ["job", "end"]},
+                        "id": {"type": "string", "pattern": "^[0-9]+$"},
+                        "data": {"type": "string", "description": "JSON"},
+                    },
+                }
+            }
+        }
     body: dict[str, Any] = {
         "operationId": endpoint,
         "summary": op.summary or first_line.strip() or endpoint,
@@ -176,7 +208,7 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
         "responses": {
             str(op.status): {
                 "description": "success",
-                "content": {"application/json": {"schema": op.response}},
+                "content": content,
                 **({"headers": op.response_headers} if op.response_headers else {}),
             }
         },
@@ -184,7 +216,12 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
     for status, meaning in op.also.items():
         body["responses"][str(status)] = {
             "description": meaning,
-            "content": {"application/json": {"schema": op.response}},
+            "content": content,
+            **({"headers": op.response_headers} if op.response_headers else {}),
+        }
+    if op.not_modified:
+        body["responses"]["304"] = {
+            "description": "the job has not changed from the version `If-None-Match` names",
             **({"headers": op.response_headers} if op.response_headers else {}),
         }
     if description.strip():

@@ -7,11 +7,14 @@ commit of every other connection, in any process) stays what it was when the
 entry was read, so a cached answer is exactly the one a read would give now:
 a revoked token or a job's new state shows on the very next request, from
 whichever process wrote it. Any commit drops every entry. A store without a
-marker (PostgreSQL) reads every time.
+marker (PostgreSQL) reads every time. A cache made with `ttl_seconds` also
+reads again an entry that old, for answers that time changes as well (a
+queued job's place in line: a job falling due, an estimate from now).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -24,13 +27,23 @@ V = TypeVar("V")
 class ReadCache(Generic[K, V]):
     """At most `max_entries` answers, the oldest dropped first."""
 
-    def __init__(self, store: Store, max_entries: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        max_entries: int,
+        *,
+        ttl_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self._store = store
         self._max_entries = max_entries
+        self._ttl = ttl_seconds
+        self._clock = clock
         self._marker: Hashable | None = None
-        self._entries: dict[K, V] = {}
+        # Each answer, with when it was read (0 without a ttl).
+        self._entries: dict[K, tuple[V, float]] = {}
 
     def get(self, key: K, read: Callable[[], V], keep: Callable[[V], bool] | None = None) -> V:
         """The answer `read()` gives now, from the cache when nothing has committed
@@ -41,11 +54,11 @@ class ReadCache(Generic[K, V]):
         marker = self._store.change_marker()
         if marker is None:
             return read()
+        now = self._clock() if self._ttl is not None else 0.0
         if marker == self._marker:
-            try:
-                return self._entries[key]
-            except KeyError:
-                pass
+            entry = self._entries.get(key)
+            if entry is not None and (self._ttl is None or now - entry[1] < self._ttl):
+                return entry[0]
         else:
             self._marker = marker
             self._entries = {}
@@ -57,5 +70,5 @@ class ReadCache(Generic[K, V]):
             entries = self._entries
             if key not in entries and len(entries) >= self._max_entries:
                 del entries[next(iter(entries))]
-            entries[key] = value
+            entries[key] = (value, now)
         return value

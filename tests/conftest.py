@@ -28,6 +28,7 @@ from mealquest.db.driver import Store
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.households import IssuedToken, create_household
+from mealquest.jobs.live import get_live
 from mealquest.jobs.service import JobService, get_jobs
 from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
@@ -154,6 +155,7 @@ def make_app(database: dict[str, Any]) -> Iterator[Callable[..., Flask]]:
 
     yield make
     for app in apps:
+        get_live(app).watcher.stop()
         pool = get_jobs(app).pool
         if pool is not None:
             pool.stop(timeout=1)

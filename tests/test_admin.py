@@ -7,7 +7,9 @@ it in tests/test_dashboard_browser.py."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import socket
 
 import pytest
 
@@ -391,6 +393,26 @@ def test_the_overview_counts_by_status_and_kind(
     assert re.search(r'id="throughput">1<', text)
     assert f"/admin/jobs/{oldest}" in text
     assert "1 queued from_the_future" in text
+
+
+def test_the_overview_lists_the_live_processes(admin_app, admin_jobs, operator):
+    client, _ = signed_in(admin_app, operator.token)
+    assert 'id="no-processes"' in client.get("/admin/").get_data(as_text=True)
+    admin_jobs.start_pool()
+    pool = admin_jobs.pool
+
+    def listed():
+        text = client.get("/admin/").get_data(as_text=True)
+        return f'id="process-{pool.owner}"' in text and text
+
+    text = wait_for(listed)
+    row = re.search(rf'id="process-{pool.owner}">(.*?)</tr>', text, re.S).group(1)
+    assert f">{socket.gethostname()}<" in row
+    assert f">{os.getpid()}<" in row
+    assert f">{admin_app.config['JOB_WORKERS']}<" in row  # its slots
+    assert "succeed" in row  # among the kinds it runs
+    pool.stop(timeout=5)
+    wait_for(lambda: 'id="no-processes"' in client.get("/admin/").get_data(as_text=True))
 
 
 def test_the_jobs_list_filters_and_pages_by_keyset(

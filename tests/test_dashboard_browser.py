@@ -20,6 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
+from mealquest.config import DEFAULTS
 from mealquest.db.sqlite import migrate
 from mealquest.households import create_household
 from mealquest.operators import create_operator
@@ -30,6 +31,7 @@ from tests.support.servers import (
     Gunicorn,
     enqueue,
     final_jobs,
+    http,
     open_test_store,
     serving_env,
     wait_until,
@@ -268,6 +270,47 @@ def test_cancel_a_running_job_and_watch_it_end_cancelled(site, browser, jobs, tm
     assert not_reloaded(browser)
     assert site.status(job_id) == "cancelled"
     screenshot(browser, tmp_path, "cancelled")
+
+
+def test_a_jobs_page_shows_its_partial_result_from_the_stream(site, browser, jobs, tmp_path):
+    # Every slot held, so the page opens on the job while it is still queued.
+    holders = [
+        site.enqueue("wait_for_gate", {"url": site.gates.url(f"slot{n}")})
+        for n in range(DEFAULTS["JOB_WORKERS"])
+    ]
+    wait_until(lambda: all(site.status(h) == "running" for h in holders), 30, "slots not held")
+    job_id = site.enqueue("pid_gate", {"url": site.gates.url("live-page")})
+    try:
+        browser.get(f"{site.url}/admin/jobs/{job_id}")
+        assert text_of(browser, "job-status") == "queued"
+        assert text_of(browser, "result") == "none yet"
+        mark_page(browser)
+        site.gates.open("slot0")  # the job starts and publishes its process's pid
+        wait(browser, lambda: '"pid"' in text_of(browser, "result"), "no partial result")
+        assert text_of(browser, "job-status") == "running"
+        assert not_reloaded(browser)
+        # It came by the stream: the page holds the id of the event it followed.
+        version = sql.scalar(site.store, "SELECT version FROM jobs WHERE id = ?", (job_id,))
+        live = browser.find_element(By.ID, "live")
+        assert live.get_attribute("data-event-id") == str(version)
+        screenshot(browser, tmp_path, "partial-result")
+        site.gates.open("live-page")
+        wait(browser, lambda: text_of(browser, "job-status") == "succeeded", "not shown done")
+        assert not_reloaded(browser)
+    finally:
+        for n in range(DEFAULTS["JOB_WORKERS"]):
+            site.gates.open(f"slot{n}")
+        site.gates.open("live-page")
+    wait_until(lambda: final_jobs(site.store, [*holders, job_id]), 30, "the jobs did not end")
+
+
+def test_a_jobs_stream_needs_a_signed_in_operator(site, browser, jobs):
+    job_id = jobs["succeeded"][0]
+    # Neither no credential nor a household's token opens it: to the sign-in form.
+    for token in (None, site.token):
+        answer = http("GET", f"{site.url}/admin/jobs/{job_id}/events", token=token)
+        assert answer.status == 302
+        assert answer.headers["Location"].endswith("/admin/sign-in")
 
 
 def test_sign_out(site, browser, jobs, tmp_path):

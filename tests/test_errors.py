@@ -21,7 +21,10 @@ LIMIT = 1024
 def error_app(make_app, tmp_path):
     """The app with a small body limit, a short lock deadline and test-only routes."""
     app = make_app(
-        MAX_CONTENT_LENGTH=LIMIT, DB_BUSY_TIMEOUT_SECONDS=0.3, JOB_MAX_PENDING_PER_HOUSEHOLD=1
+        MAX_CONTENT_LENGTH=LIMIT,
+        DB_BUSY_TIMEOUT_SECONDS=0.3,
+        JOB_MAX_PENDING_PER_HOUSEHOLD=1,
+        STREAM_MAX_PER_HOUSEHOLD=1,
     )
 
     def echo():
@@ -123,6 +126,16 @@ def _too_many_jobs(client, auth, holder):
     return response
 
 
+def _too_many_streams(client, auth, holder):
+    job = client.post(
+        "/api/v1/recipe-imports", json={"url": "https://example.com/a"}, headers=auth
+    ).get_json()
+    # Held open (not read): the household's one stream.
+    held = client.get(f"/api/v1/jobs/{job['id']}/events", headers=auth, buffered=False)
+    assert held.status_code == 200
+    return client.get(f"/api/v1/jobs/{job['id']}/events", headers=auth)
+
+
 def _exception(client, auth, holder):
     return client.get("/test/explode")
 
@@ -142,6 +155,7 @@ CASES = {
     "unavailable-route": (_route_locked, 503, "unavailable", None),
     "unavailable-storage": (_storage_fault, 503, "unavailable", None),
     "too_many_jobs": (_too_many_jobs, 429, "too_many_jobs", None),
+    "too_many_streams": (_too_many_streams, 429, "too_many_streams", None),
     "internal": (_exception, 500, "internal", None),
 }
 
@@ -175,6 +189,9 @@ def test_every_error_code_answers_the_envelope(error_client, auth, lock_holder, 
         assert 1 <= int(response.headers["Retry-After"]) <= 60
     if code == "too_many_jobs":
         assert 1 <= int(response.headers["Retry-After"]) <= 3600
+    if code == "too_many_streams":
+        # When the held stream ends: MEALQUEST_STREAM_MAX_SECONDS after it opened.
+        assert 1 <= int(response.headers["Retry-After"]) <= 300
     assert SECRET not in response.get_data(as_text=True)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from psycopg import sql as pg_sql
 
+from mealquest.db.postgresql.transaction import PostgresTransaction
 from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.store import SqliteTransaction
 from mealquest.extensions import get_store
@@ -454,10 +455,13 @@ def test_a_repeat_of_an_idempotent_request_at_the_quota_answers_its_job_not_429(
     assert household_jobs(get_store(app), household.household_id) == 1
 
 
-class _Explaining:
+class _Explaining(PostgresTransaction):
     """A transaction that runs each statement under the database's EXPLAIN and
     keeps the plans (the statement itself runs as well, for its answer).
-    A setting (`SET ...`) has no plan: it only runs.
+    A setting (`SET ...`) has no plan, and a notification (`pg_notify`) no
+    table to read: they only run. It is a PostgreSQL
+    transaction to that driver's statements, which insist on one (on SQLite
+    the base class is unused).
 
     On PostgreSQL the statement is explained as a prepared statement, so the
     plan is the one the server runs it with under the transaction's
@@ -465,11 +469,12 @@ class _Explaining:
     values): explained as it is, a statement is planned for its values."""
 
     def __init__(self, tx: Any, store: Any) -> None:
+        super().__init__(getattr(tx, "conn", None), getattr(tx, "notifier", None))  # type: ignore[arg-type]
         self._tx, self._store = tx, store
         self.plans: list[str] = []
 
     def execute(self, statement: str, params: Any = ()) -> Any:
-        if statement.startswith("SET "):
+        if statement.startswith("SET ") or "pg_notify" in statement:
             pass
         elif self._store.name == "postgresql":
             self.plans.append(self._explain_prepared(statement, params))

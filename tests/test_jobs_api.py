@@ -34,7 +34,16 @@ def test_get_answers_exactly_the_job_and_its_details(client, auth, jobs, househo
         "run_at": created,
         "started_at": None,
         "finished_at": None,
+        "version": 1,
+        # No pool runs yet: no live process handles its kind.
+        "queue": {
+            "position": 0,
+            "ahead_in_household": 0,
+            "estimated_start_at": None,
+            "waiting_for": "no_worker",
+        },
     }
+    assert queued.headers["ETag"] == '"1"'
     jobs.start_pool()
     wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
     done = client.get(f"/api/v1/jobs/{job_id}", headers=auth).json
@@ -47,6 +56,9 @@ def test_get_answers_exactly_the_job_and_its_details(client, auth, jobs, househo
         "error": None,
         "attempt": 2,
         "max_attempts": 3,
+        # Enqueued, claimed, retried, claimed again, succeeded.
+        "version": 5,
+        "queue": None,
     }
     assert all(RFC3339_UTC.match(value) for value in times.values()), times
     # The retry was due after the first attempt; the second started then and ended last.
@@ -266,10 +278,21 @@ def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, s
     for job_id in ids:
         job = jobs.get(job_id)
         statuses.add(job.status)
-        assert dump_job(job) == schema.dump(job)
+        answer = client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json()
+        queue = answer["queue"]
+        assert (queue is None) == (job.status is not Status.QUEUED)
+        assert schema.validate(answer) == {}
+        assert dump_job(job, queue) == answer
+        assert dump_job(job) == schema.dump(with_queue(job, None))
         assert list(dump_job(job)) == list(schema.fields)
-        assert client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json() == schema.dump(job)
     assert statuses == {Status.SUCCEEDED, Status.FAILED, Status.QUEUED, Status.RUNNING}
+
+
+def with_queue(job, queue):
+    """The job as `JobSchema` dumps it: its fields, and its `queue` object."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**vars(job), queue=queue)
 
 
 def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, store, household):
@@ -286,7 +309,13 @@ def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, s
         assert first.status_code == again.status_code == 200
         assert first.content_type == again.content_type == "application/json"
         assert first.data == again.data
-        assert first.get_json() == JobSchema().dump(jobs.get(job_id))
+        assert first.headers["ETag"] == again.headers["ETag"]
+        job = jobs.get(job_id)
+        assert first.headers["ETag"] == f'"{job.version}"'
+        if job.status is Status.QUEUED:
+            assert first.get_json()["queue"]["waiting_for"] == "no_worker"
+        else:
+            assert first.get_json() == JobSchema().dump(with_queue(job, None))
         return first.get_json()
 
     assert poll_twice()["status"] == "queued"
@@ -302,6 +331,24 @@ def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, s
     )
     assert poll_twice()["status"] == "succeeded"
     assert poll_twice()["result"] == {"value": 3}
+
+
+def test_a_conditional_requests_bad_wait_or_tag_list_is_a_400_naming_it(
+    client, auth, jobs, household
+):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    url = f"/api/v1/jobs/{job_id}"
+    tag = {"If-None-Match": '"1"'}
+    for wait in ("0", "0.0", "-1", "30.5", "soon"):
+        answer = client.get(f"{url}?wait={wait}", headers={**auth, **tag})
+        assert answer.status_code == 400, wait
+        assert list(answer.json["error"]["fields"]) == ["wait"]
+    too_long = {"If-None-Match": ", ".join(f'"{n}"' for n in range(1, 300))}
+    answer = client.get(url, headers={**auth, **too_long})
+    assert answer.status_code == 400
+    assert answer.json["error"]["fields"] == {"If-None-Match": ["must be at most 1000 characters"]}
+    # A list of tags within the bound that names the version: 304.
+    assert client.get(url, headers={**auth, "If-None-Match": '"9", "1"'}).status_code == 304
 
 
 def test_a_page_of_jobs_stops_at_its_byte_bound_and_the_next_continues(

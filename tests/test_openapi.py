@@ -104,8 +104,20 @@ def test_documented_shapes_come_from_the_view_schemas(app):
     schemas = document["components"]["schemas"]
     assert schemas["Job"]["required"] == sorted(
         {"error", "id", "kind", "result", "status", "attempt", "max_attempts"}
-        | {"created_at", "run_at", "started_at", "finished_at"}
+        | {"created_at", "run_at", "started_at", "finished_at", "version", "queue"}
     )
+    assert schemas["Queue"]["required"] == sorted(
+        {"position", "ahead_in_household", "estimated_start_at", "waiting_for"}
+    )
+    assert schemas["Queue"]["properties"]["waiting_for"]["enum"] == [
+        "paused",
+        "no_worker",
+        "scheduled",
+        "retry",
+        "rate_limit",
+        "kind_cap",
+        "turn",
+    ]
     assert schemas["Job"]["properties"]["started_at"]["format"] == "date-time"
     assert schemas["Job"]["properties"]["status"]["enum"] == [
         "queued",

@@ -59,6 +59,10 @@ def served(database: dict, tmp_path: Path) -> Iterator[str]:
     env = {
         **{f"MEALQUEST_{key}": value for key, value in database.items()},
         "MEALQUEST_LOG_LEVEL": "WARNING",
+        # Every event stream (and long poll) the fuzzer opens ends within a
+        # second: its read is bounded, whatever the job does.
+        "MEALQUEST_STREAM_MAX_SECONDS": "1",
+        "MEALQUEST_STREAM_HEARTBEAT_SECONDS": "0.5",
         "GUNICORN_CMD_ARGS": "",
     }
     args = [sys.executable, "-m", "gunicorn", "--worker-class", "gevent", "--workers", "1"]
@@ -138,6 +142,9 @@ def api_schema(served, app, store, jobs, household, auth):
     schema.config.update(base_url=served, headers=auth, workers=1)
     schema.config.seed = SEED
     schema.config.generation.update(max_examples=MAX_EXAMPLES, deterministic=True, database="none")
+    # Nor a cache of failing cases to replay in the next run (a directory in
+    # the working tree): each run is the seed's, and only the seed's.
+    schema.config.cache.enabled = False
     # A valid request may meet state it cannot change: an Idempotency-Key the
     # fuzzer already sent with another body (422), or a finished job to
     # cancel (409, already expected). Both answers are in the document.

@@ -56,6 +56,14 @@ def test_an_import_answers_202_with_the_job_and_its_location(app, client, auth):
         "run_at": job["created_at"],
         "started_at": None,
         "finished_at": None,
+        "version": 1,
+        # No pool runs in this test: no live process handles the kind.
+        "queue": {
+            "position": 0,
+            "ahead_in_household": 0,
+            "estimated_start_at": None,
+            "waiting_for": "no_worker",
+        },
     }
     assert client.get(response.headers["Location"], headers=auth).get_json() == job
 

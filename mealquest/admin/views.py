@@ -1,8 +1,9 @@
 """The dashboard's pages and forms (the blueprint `admin`, under `/admin`).
 
 Pages are plain server-rendered HTML; `static/refresh.js` re-fetches the
-page every few seconds and swaps its `#live` part in, so figures and a
-job's status change without a reload (a checkbox pauses it). Everything a
+page and swaps its `#live` part in, so figures and a job's status change
+without a reload (a checkbox pauses it): a job's page at each event of the
+job's stream (`job_stream`), the other pages every few seconds. Everything a
 page shows of a job's values (payload, result, error) is masked: URLs in
 them may carry tokens in their queries.
 """
@@ -14,12 +15,13 @@ import json
 import logging
 from typing import Any
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, flash, redirect, render_template, request, session, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError
 
 from mealquest.admin import actions
 from mealquest.admin.guard import (
+    SESSION_ID_KEY,
     csrf_refused,
     current_operator,
     refused,
@@ -28,13 +30,15 @@ from mealquest.admin.guard import (
     sign_in,
     sign_out,
 )
+from mealquest.admin.job_stream import job_stream
 from mealquest.admin.waiting import why_waiting
 from mealquest.extensions import get_store
 from mealquest.jobs import flow
+from mealquest.jobs.live import get_live
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
-from mealquest.model.jobs import Job, Status
+from mealquest.model.jobs import FINAL_STATUSES, Job, Status
 from mealquest.operators import operator_for_token
 
 logger = logging.getLogger(__name__)
@@ -97,6 +101,7 @@ def overview() -> ResponseReturnValue:
         unhandled=unhandled,
         paused=paused,
         kinds=sorted(handled | set(paused)),
+        processes=get_live().standings.live_processes(),
     )
 
 
@@ -166,7 +171,23 @@ def job(job_id: str) -> ResponseReturnValue:
         retryable=found.status in ("failed", "cancelled"),
         cancellable=found.status in (Status.QUEUED, Status.RUNNING),
         deletable=found.status != Status.RUNNING,
+        # A job still to end is followed through its stream; an ended one
+        # changes only by an operator's hand, and is refreshed every few seconds.
+        following=found.status not in FINAL_STATUSES,
     )
+
+
+@bp.get("/jobs/<job_id>/events")
+def job_events(job_id: str) -> ResponseReturnValue:
+    """The job's event stream, which its page follows (see `job_stream`)."""
+    found = get_jobs().get(job_id) if len(job_id) <= 64 else None
+    if found is None:
+        return refused(404, "No such job.")
+    # The guard let the request through: the cookie holds a live session's id.
+    answer = job_stream(found, session[SESSION_ID_KEY])
+    if answer is None:
+        return refused(503, "The service is restarting; try again.")
+    return answer
 
 
 @bp.post("/jobs/<job_id>/retry")

@@ -48,6 +48,16 @@ def positive(value: Any) -> float:
     return number
 
 
+def positive_at_most(limit: float) -> Rule:
+    def rule(value: Any) -> float:
+        number = _number(value)
+        if not 0 < number <= limit:
+            raise Invalid(f"must be a positive number, {limit:g} at most")
+        return number
+
+    return rule
+
+
 def not_negative(value: Any) -> float:
     number = _number(value)
     if not number >= 0:

@@ -178,6 +178,28 @@ SETTINGS: tuple[Setting, ...] = (
         "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
     ),
     Setting(
+        "STREAM_MAX_SECONDS",
+        300.0,
+        rules.positive,
+        "a job's event stream (`GET /api/v1/jobs/{id}/events`) ends after this long; the "
+        "client reconnects with `Last-Event-ID`. See [Waiting for a job](#waiting-for-a-job)",
+    ),
+    Setting(
+        "STREAM_MAX_PER_HOUSEHOLD",
+        20,
+        rules.whole(1),
+        "event streams a household may hold open at once, across every process and host; "
+        "one more is `429 too_many_streams` with `Retry-After`",
+    ),
+    Setting(
+        "STREAM_HEARTBEAT_SECONDS",
+        15.0,
+        rules.positive_at_most(15),
+        "how often an open event stream sends a comment line when nothing else happened "
+        "(keeps proxies from timing it out: nginx's `proxy_read_timeout` in "
+        "`deploy/nginx.conf` is longer), and checks its token is still live",
+    ),
+    Setting(
         "JOB_STOP_TIMEOUT_SECONDS",
         25.0,
         rules.not_negative,

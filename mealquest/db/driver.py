@@ -37,7 +37,8 @@ from mealquest.model.jobs import (
     Transition,
 )
 from mealquest.model.operators import Operator, OperatorListing
-from mealquest.model.queue import QueueFigures
+from mealquest.model.processes import ProcessEntry
+from mealquest.model.queue import QueueFigures, Standing
 from mealquest.model.recipes import ParsedRecipe, Recipe
 
 T = TypeVar("T")
@@ -222,6 +223,26 @@ class JobStatements(Protocol):
         latest finished ones (None without any)."""
         ...
 
+    def changed_jobs(self, conn: Reads, versions: Mapping[str, int], /) -> dict[str, Job | None]:
+        """Each job of `versions` (id: the version known) whose version is now
+        another: the job as it is, or None if it no longer exists. What a
+        process's stream watcher reads for all its streams: a primary-key probe
+        per job, in as few statements as the driver can, and only the jobs
+        that changed come back whole."""
+        ...
+
+    def queue_standings(
+        self, conn: Reads, jobs: Sequence[Job], /, *, at_most: int
+    ) -> dict[str, Standing]:
+        """The place in line of each queued job of `jobs` (`mealquest.db.standing`:
+        claims played one at a time, bounded by `at_most`)."""
+        ...
+
+    def kind_run_seconds(self, conn: Reads, kind: str, /) -> float | None:
+        """The mean run time in seconds of the kind's latest finished jobs (None
+        without any)."""
+        ...
+
 
 class HouseholdStatements(Protocol):
     """Households and the digests of their tokens."""
@@ -248,6 +269,11 @@ class HouseholdStatements(Protocol):
 
     def household_for_token_digest(self, conn: Reads, token_sha256: str, /) -> Household | None:
         """The household of a live token, by its digest."""
+        ...
+
+    def live_token_digests(self, conn: Reads, digests: Collection[str], /) -> set[str]:
+        """Those of `digests` whose tokens are live (one statement for many: what
+        the stream watcher asks of all its streams' tokens at once)."""
         ...
 
 
@@ -411,6 +437,60 @@ class FlowStatements(Protocol):
         ...
 
 
+class ProcessStatements(Protocol):
+    """The registry of live processes: each job pool's entry, renewed at its
+    heartbeat's rhythm; an entry not renewed for a lease is a process gone."""
+
+    def register_process(
+        self, tx: Transaction, entry: ProcessEntry, /, *, forget_after_seconds: float
+    ) -> None:
+        """Enter (or enter again) the process as started and seen now (the
+        entry's own times are not read); entries of any process not seen for
+        `forget_after_seconds` are deleted."""
+        ...
+
+    def renew_process(self, tx: Transaction, owner: str, /, *, busy: int) -> bool:
+        """Mark the process seen now, running `busy` jobs; False if it has no entry."""
+        ...
+
+    def remove_process(self, tx: Transaction, owner: str, /) -> None: ...
+
+    def live_processes(
+        self, conn: Reads, /, *, stale_after_seconds: float, now: datetime | None = None
+    ) -> list[ProcessEntry]:
+        """The processes seen within `stale_after_seconds` of the database's clock
+        (or `now`), oldest first."""
+        ...
+
+
+class StreamStatements(Protocol):
+    """Households' open event streams, counted against their limit across
+    every process and host; a stream whose process stopped renewing it stops
+    counting once it is `stale_after_seconds` old."""
+
+    def open_stream(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        stream_id: str,
+        household_id: int,
+        owner: str,
+        at_most: int,
+        stale_after_seconds: float,
+    ) -> float | None:
+        """Open the stream unless the household holds `at_most` live ones: None
+        when opened, else the age in seconds of its oldest live stream."""
+        ...
+
+    def close_stream(self, tx: Transaction, stream_id: str, /) -> None: ...
+
+    def renew_streams(self, tx: Transaction, owner: str, /, *, stale_after_seconds: float) -> int:
+        """Mark the owner's streams seen now (how many) and delete any stream
+        stale for twice `stale_after_seconds`."""
+        ...
+
+
 class Store(Protocol):
     """One process's access to its database, and why each part is there."""
 
@@ -447,6 +527,12 @@ class Store(Protocol):
     @property
     def flow(self) -> FlowStatements: ...
 
+    @property
+    def processes(self) -> ProcessStatements: ...
+
+    @property
+    def streams(self) -> StreamStatements: ...
+
     def write(
         self, fn: Callable[Concatenate[Transaction, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
@@ -471,6 +557,13 @@ class Store(Protocol):
         that one was taken, from any connection, process or host; None when the
         database has no cheap way to tell (every read then goes to it). What
         lets `ReadCache` answer a read again without a stale answer."""
+        ...
+
+    def job_changes(self, since: Hashable | None, /) -> tuple[Hashable, Collection[str] | None]:
+        """A mark of now, and the ids of the jobs written since the mark `since`:
+        None when any job may have been (or `since` is None), empty when none
+        was. Cheap enough to ask every few milliseconds: what lets one watcher
+        per process read only the jobs that changed, and only when some did."""
         ...
 
     def check_writable(self) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, request
 from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
+from marshmallow import ValidationError
 
 from mealquest.auth import (
     authenticated_as,
@@ -16,21 +17,26 @@ from mealquest.auth import (
     refuse_token,
     require_token,
 )
-from mealquest.errors import conflict, error_response, not_found
+from mealquest.errors import APIError, conflict, error_response, not_found
 from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
-from mealquest.jobs.errors import TooManyJobs
+from mealquest.jobs import events
+from mealquest.jobs.answers import job_answer, job_dumper
+from mealquest.jobs.errors import TooManyJobs, TooManyStreams
+from mealquest.jobs.live import get_live
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
     JobListSchema,
     JobPathSchema,
     JobSchema,
+    JobWaitQuerySchema,
     dump_job,
 )
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.watcher import TOKEN, Credential, WatcherClosed, wait_for_version
 from mealquest.model.households import Household
-from mealquest.model.jobs import Status
+from mealquest.model.jobs import Job, Status
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
 from mealquest.read_cache import ReadCache
@@ -50,6 +56,17 @@ def _too_many_jobs(error: TooManyJobs) -> tuple[Response, int]:
     return response, status
 
 
+@bp.app_errorhandler(TooManyStreams)
+def _too_many_streams(error: TooManyStreams) -> tuple[Response, int]:
+    """429 `too_many_streams`: the household holds as many open event streams as
+    it may; `Retry-After` is when its oldest one ends."""
+    response, status = error_response(
+        429, "too_many_streams", "the household has too many event streams open; try again later"
+    )
+    response.headers["Retry-After"] = str(error.retry_after)
+    return response, status
+
+
 # The document's path schema; the view checks the same pattern directly (a
 # schema validation per request cost 25 times the regex on the hottest route).
 _path_schema = JobPathSchema()
@@ -57,6 +74,8 @@ _job_id = re.compile(JOB_ID_PATTERN)
 _job_schema = JobSchema()
 _list_schema = JobListSchema()
 _query_schema = JobListQuerySchema()
+_wait_schema = JobWaitQuerySchema()
+_last_event_id = re.compile(events.LAST_EVENT_ID_PATTERN)
 
 
 # Answers of `GET /jobs/<id>` a process gives again while nothing commits:
@@ -64,11 +83,45 @@ _query_schema = JobListQuerySchema()
 # and a larger body than this is read every time.
 ANSWERS_KEPT = 256
 LARGEST_BODY_KEPT = 64 * 1024
+# A queued job's place in line is kept as long as nothing commits, and a
+# second at most: time moves it too (a job falls due, an estimate ages).
+QUEUE_KEPT_SECONDS = 1.0
 _ANSWERS_KEY = "mealquest.jobs.answers"
+_QUEUES_KEY = "mealquest.jobs.queues"
 
-# An answer: the token's household (None: no live token) and the job's
-# encoded body (None: the household has no job of that id).
-_Answer = tuple[Household | None, bytes | None]
+# An answer: the token's household (None: no live token), the household's job
+# of that id (None: it has none), and the job's encoded body (None for a
+# queued job, whose place in line is added per answer).
+_Answer = tuple[Household | None, Job | None, bytes | None]
+
+# Far above any list of our tags a client keeps; a longer header is refused
+# rather than parsed.
+IF_NONE_MATCH_MAX_LENGTH = 1000
+ETAG_HEADERS: dict[str, dict[str, Any]] = {
+    "ETag": {
+        "description": 'the job\'s version, quoted (`"7"`): send it back as `If-None-Match`',
+        "required": True,
+        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+    }
+}
+IF_NONE_MATCH_PARAMETER: dict[str, Any] = {
+    "name": "If-None-Match",
+    "required": False,
+    "description": (
+        "the `ETag` of the version the client has: `304` while the job is still at it "
+        "(with `wait`, once the job changes or the wait is over)"
+    ),
+    "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
+}
+LAST_EVENT_ID_PARAMETER: dict[str, Any] = {
+    "name": events.LAST_EVENT_ID,
+    "required": False,
+    "description": (
+        "the `id` (the job's version) of the last event the client has: the current "
+        "state is sent only if it is newer"
+    ),
+    "schema": {"type": "string", "pattern": events.LAST_EVENT_ID_PATTERN},
+}
 
 
 @bp.record_once
@@ -76,12 +129,27 @@ def _keep_answers(state: BlueprintSetupState) -> None:
     app = state.app
     assert isinstance(app, Flask)
     app.extensions[_ANSWERS_KEY] = ReadCache(get_store(app), ANSWERS_KEPT)
+    app.extensions[_QUEUES_KEY] = ReadCache(
+        get_store(app), ANSWERS_KEPT, ttl_seconds=QUEUE_KEPT_SECONDS
+    )
 
 
 @bp.get("/<job_id>")
-@operation(path=_path_schema, response=_job_schema)
+@operation(
+    path=_path_schema,
+    query=_wait_schema,
+    response=_job_schema,
+    response_headers=ETAG_HEADERS,
+    headers=(IF_NONE_MATCH_PARAMETER,),
+    not_modified=True,
+)
 def get_job(job_id: str) -> ResponseReturnValue:
-    """One of the household's jobs."""
+    """One of the household's jobs.
+
+    Its `ETag` is its version. With `If-None-Match` naming it, `304` while
+    the job has not changed; with `wait` as well, the request is held until
+    the job changes (then `200`) or `wait` seconds pass (then `304`).
+    """
     # Authenticated here (the API's hook lets this route through): the job is
     # read in the statement that checks the token is live, so a revoked token
     # is refused by the very request after its revocation, from any process.
@@ -98,34 +166,151 @@ def get_job(job_id: str) -> ResponseReturnValue:
         if refused is not None:
             return refused
         raise not_found("job not found")
+    wait = _wait_schema.load(request.args)["wait"] if request.args else None
+    if len(request.headers.get("If-None-Match", "")) > IF_NONE_MATCH_MAX_LENGTH:
+        raise ValidationError(
+            {"If-None-Match": [f"must be at most {IF_NONE_MATCH_MAX_LENGTH} characters"]}
+        )
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-    answers: ReadCache[tuple[str, str], _Answer] = app.extensions[_ANSWERS_KEY]
-    household, body = answers.get((job_id, header), lambda: _read_answer(job_id), _small)
+    household, job, body = _answer(app, job_id, header)
     if household is None:
         return refuse_token()
     authenticated_as(household)
-    if body is None:
+    if job is None:
         raise not_found("job not found")
+    if _not_modified(job):
+        live = get_live(app)
+        if wait is None or not _changed(live, job, min(wait, live.max_seconds)):
+            return _unchanged(app, job)
+        household, job, body = _answer(app, job_id, header)
+        if household is None:
+            return refuse_token()
+        if job is None:
+            raise not_found("job not found")
+        if _not_modified(job):
+            return _unchanged(app, job)
+    if body is None:
+        queues: ReadCache[tuple[str, int], dict[str, Any] | None] = app.extensions[_QUEUES_KEY]
+        queue = queues.get((job.id, job.version), lambda: get_live(app).standings.queue(job))
+        body = _encoded(app, dump_job(job, queue))
     answer: Response = app.response_class(body, mimetype="application/json")
+    answer.headers["ETag"] = _etag(job)
     return answer
 
 
+def _answer(app: Flask, job_id: str, header: str) -> _Answer:
+    answers: ReadCache[tuple[str, str], _Answer] = app.extensions[_ANSWERS_KEY]
+    return answers.get((job_id, header), lambda: _read_answer(app, job_id), _small)
+
+
 def _small(answer: _Answer) -> bool:
-    return answer[1] is None or len(answer[1]) <= LARGEST_BODY_KEPT
+    return answer[2] is None or len(answer[2]) <= LARGEST_BODY_KEPT
 
 
-def _read_answer(job_id: str) -> _Answer:
-    """The household of the request's token and its job's body, from the database."""
+def _read_answer(app: Flask, job_id: str) -> _Answer:
+    """The household of the request's token, its job, and the job's body unless
+    it is queued, from the database."""
     digest = digest_of_wellformed(bearer_token())
     found = None if digest is None else get_jobs().get_with_token(job_id, digest)
     if found is None:
-        return None, None
+        return None, None, None
     household, job = found
-    if job is None:
-        return household, None
-    response = current_app.json.response(dump_job(job))
+    if job is None or job.status is Status.QUEUED:
+        return household, job, None
+    return household, job, _encoded(app, dump_job(job))
+
+
+def _encoded(app: Flask, body: dict[str, Any]) -> bytes:
+    response = app.json.response(body)
     assert isinstance(response, Response)
-    return household, response.get_data()
+    return response.get_data()
+
+
+def _etag(job: Job) -> str:
+    return f'"{job.version}"'
+
+
+def _not_modified(job: Job) -> bool:
+    tags = request.if_none_match
+    return bool(tags) and tags.contains_weak(str(job.version))
+
+
+def _changed(live: Any, job: Job, seconds: float) -> bool:
+    """Hold a long poll until the job has another version, or `seconds` pass."""
+    try:
+        return wait_for_version(live.watcher, job, seconds)
+    except WatcherClosed:
+        return False  # the worker is stopping: answer now, the client asks again
+
+
+def _unchanged(app: Flask, job: Job) -> Response:
+    answer: Response = app.response_class(status=304)
+    answer.headers["ETag"] = _etag(job)
+    return answer
+
+
+@bp.get("/<job_id>/events")
+@operation(
+    path=_path_schema,
+    response=_job_schema,
+    media_type=events.MEDIA_TYPE,
+    headers=(LAST_EVENT_ID_PARAMETER,),
+    errors=(429,),
+)
+def job_events(job_id: str) -> ResponseReturnValue:
+    """The job's events, as they happen (server-sent events).
+
+    `text/event-stream`: at once an event `job` with the job's object (as
+    `GET /api/v1/jobs/{job_id}` answers it) as data and `id:` its version,
+    unless `Last-Event-ID` already names that version; then one `job` event
+    per later version, a comment line at least every 15 seconds, and after
+    the final state an event `end`. The stream also ends when its worker
+    stops, after `MEALQUEST_STREAM_MAX_SECONDS`, or when the token is
+    revoked: reconnect with `Last-Event-ID`. A household may hold
+    `MEALQUEST_STREAM_MAX_PER_HOUSEHOLD` streams open: one more is `429
+    too_many_streams`.
+    """
+    last = _last_seen_version()
+    household = current_household()
+    job = get_jobs().get(job_id, household_id=household.id) if _job_id.match(job_id) else None
+    if job is None:
+        raise not_found("job not found")
+    digest = digest_of_wellformed(bearer_token())
+    assert digest is not None  # the API's hook let a live token of ours through
+    live = get_live()
+    place = live.places.take(household.id)
+    try:
+        watch = live.watcher.watch(job.id, job.version, Credential(TOKEN, digest))
+    except WatcherClosed:
+        live.places.release(place)
+        raise APIError(503, "unavailable", "the service is restarting; try again") from None
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+
+    def render(changed: Job) -> dict[str, Any]:
+        with app.app_context():
+            return job_answer(changed)
+
+    stream = events.EventStream(
+        job,
+        watch,
+        live.watcher,
+        render=render,
+        send_first=last is None or job.version > last,
+        heartbeat_seconds=live.heartbeat_seconds,
+        max_seconds=live.max_seconds,
+        on_close=lambda: live.places.release(place),
+    )
+    return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)
+
+
+def _last_seen_version() -> int | None:
+    """The request's `Last-Event-ID`, checked (ValidationError naming the header)."""
+    value = request.headers.get(events.LAST_EVENT_ID)
+    if value is None:
+        return None
+    if not _last_event_id.match(value):
+        raise ValidationError({events.LAST_EVENT_ID: ["must be an event's id: a version"]})
+    return int(value)
 
 
 @bp.get("")
@@ -142,7 +327,8 @@ def list_jobs() -> dict[str, Any]:
         before_seq=before,
         limit=limit + 1,
     )
-    page, cursor = paginate(jobs, limit, lambda job: job.seq, dump_job)
+    # Each job as `dump_job` writes `JobSchema`'s dump out (see the job route).
+    page, cursor = paginate(jobs, limit, lambda job: job.seq, job_dumper(jobs[:limit]))
     return {"jobs": page, "next_cursor": cursor}
 
 
@@ -171,4 +357,4 @@ def cancel_job(job_id: str) -> tuple[dict[str, Any], int]:
         raise not_found("job not found")
     if job.status in (Status.SUCCEEDED, Status.FAILED):
         raise conflict(f"the job has already {job.status.value}")
-    return _job_schema.dump(job), 202 if job.status is Status.RUNNING else 200
+    return job_answer(job), 202 if job.status is Status.RUNNING else 200

@@ -51,3 +51,14 @@ class PoolStopping(DocumentedInterrupt):
 
 class JobCancelled(DocumentedInterrupt):
     """The job was cancelled and its handler did not stop within the grace."""
+
+
+class TooManyStreams(JobsError):
+    """The household has as many event streams open as it may; try again later.
+
+    `retry_after` is when, in whole seconds, its oldest stream will have ended.
+    """
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__()
+        self.retry_after = retry_after

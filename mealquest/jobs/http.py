@@ -18,9 +18,9 @@ from marshmallow import ValidationError
 
 from mealquest.auth import current_household
 from mealquest.errors import APIError, not_found
+from mealquest.jobs.answers import job_answer
 from mealquest.jobs.enqueueing import UNIQUE_KEY_PATTERN, UNIQUE_KEY_RULE, Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused
-from mealquest.jobs.schemas import JobSchema
 from mealquest.jobs.service import get_jobs
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -40,8 +40,6 @@ ENQUEUED_HEADERS: dict[str, dict[str, Any]] = {
     "Location": {"description": "the job's URL", "required": True, "schema": {"type": "string"}}
 }
 REPLAYED = "a repeat of an earlier request with the same `Idempotency-Key`: the job it made"
-
-_job_schema = JobSchema()
 
 
 def idempotency_key() -> str | None:
@@ -72,4 +70,4 @@ def answer(enqueued: Enqueued) -> tuple[dict[str, Any], int, dict[str, str]]:
     if job is None:  # deleted since (a retention prune): the key went with it
         raise not_found("job not found")
     location = url_for("api.jobs.get_job", job_id=job.id)
-    return _job_schema.dump(job), 202 if enqueued.created else 200, {"Location": location}
+    return job_answer(job), 202 if enqueued.created else 200, {"Location": location}

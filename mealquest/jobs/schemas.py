@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import Schema, fields, validate
+from marshmallow import EXCLUDE, Schema, fields, validate
 
+from mealquest.jobs.standing import POSITION_COUNTED, WaitingFor
 from mealquest.model.jobs import Job, Status
 from mealquest.pagination import PageQuerySchema
 
@@ -28,6 +29,37 @@ def _time(description: str, *, nullable: bool = True) -> fields.String:
         required=True,
         allow_none=nullable,
         metadata={"format": "date-time", "description": f"{description} (RFC 3339, UTC)"},
+    )
+
+
+class QueueSchema(Schema):
+    """Where a queued job stands (how exact each figure is: the README's
+    "Waiting for a job")."""
+
+    position = fields.Integer(
+        required=True,
+        validate=validate.Range(min=0, max=POSITION_COUNTED),
+        metadata={
+            "description": (
+                "the due jobs claims take before this one, as of this answer "
+                f"({POSITION_COUNTED} means {POSITION_COUNTED} or more)"
+            )
+        },
+    )
+    ahead_in_household = fields.Integer(
+        required=True,
+        validate=validate.Range(min=0, max=POSITION_COUNTED),
+        metadata={"description": "how many of those are the household's own"},
+    )
+    estimated_start_at = _time(
+        "when it may start, estimated from its kind's recent run times and the slots "
+        "that serve it; null without a live process for its kind or a run to judge by"
+    )
+    waiting_for = fields.Enum(
+        WaitingFor,
+        by_value=True,
+        required=True,
+        metadata={"description": "why it is not running yet"},
     )
 
 
@@ -61,11 +93,28 @@ class JobSchema(Schema):
     run_at = _time("when the job is (or was last) due to run", nullable=False)
     started_at = _time("when its latest attempt started; null until one has")
     finished_at = _time("when it ended (succeeded, failed or cancelled); null until then")
+    version = fields.Integer(
+        required=True,
+        validate=validate.Range(min=1),
+        metadata={
+            "description": (
+                "one more at every change of the job; its `ETag`, and the `id` of its "
+                "stream's events"
+            )
+        },
+    )
+    queue = fields.Nested(
+        QueueSchema,
+        required=True,
+        allow_none=True,
+        metadata={"description": "where it stands while it is queued; null once it runs"},
+    )
 
 
-def dump_job(job: Job) -> dict[str, Any]:
-    """`JobSchema().dump(job)`, written out for the hottest route (marshmallow's
-    dump was a fifth of that route's own time); a test holds the two equal."""
+def dump_job(job: Job, queue: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`JobSchema().dump(...)` of the job and its `queue` object, written out for
+    the hottest route (marshmallow's dump was a fifth of that route's own
+    time); a test holds the two equal."""
     return {
         "id": job.id,
         "kind": job.kind,
@@ -78,12 +127,34 @@ def dump_job(job: Job) -> dict[str, Any]:
         "run_at": job.run_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        "version": job.version,
+        "queue": queue,
     }
 
 
 class JobListSchema(Schema):
     jobs = fields.List(fields.Nested(JobSchema), required=True)
     next_cursor = fields.String(allow_none=True, required=True)
+
+
+class JobWaitQuerySchema(Schema):
+    """`GET /api/v1/jobs/{id}`'s query: how long to hold a conditional request.
+    Other parameters (a client's cache-buster) are left alone, as before."""
+
+    class Meta:
+        unknown = EXCLUDE
+
+    wait = fields.Float(
+        load_default=None,
+        validate=validate.Range(min=0, max=30, min_inclusive=False),
+        metadata={
+            "exclusiveMinimum": True,
+            "description": (
+                "with `If-None-Match` naming the job's current version: hold the request "
+                "until the job changes (200) or this many seconds pass (304); 0 < wait <= 30"
+            ),
+        },
+    )
 
 
 class JobListQuerySchema(PageQuerySchema):

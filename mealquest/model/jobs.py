@@ -215,6 +215,9 @@ class Job:
     snoozes: int = 0
     # The partition of its payload its kind's limits count it in (None: none).
     partition_key: str | None = None
+    # One more at every write that changes what the household sees of the job
+    # (the `ETag` of its object, the id of its stream's events).
+    version: int = 1
     # Set when the stored result is not JSON (a legacy or hand-edited row):
     # the result reads as None, and the runner fails such a job alone.
     result_undecodable: bool = False

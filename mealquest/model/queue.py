@@ -36,3 +36,19 @@ class QueueFigures:
     def oldest(self) -> DueJob | None:
         """The oldest due job of any kind."""
         return max(self.oldest_due.values(), key=lambda due: due.age_seconds, default=None)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A queued job's place in the claim order, as the driver read it.
+
+    `position`: the due jobs claims take before it (at most the `at_most`
+    the read was asked for, which then means that many or more);
+    `ahead_in_household`: how many of those are its household's;
+    `kind_running`: the running jobs of its kind (for a deployment-wide cap);
+    `now`: the database's clock when it was read (fixed-width UTC text)."""
+
+    position: int
+    ahead_in_household: int
+    kind_running: int
+    now: str

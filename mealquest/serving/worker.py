@@ -15,7 +15,10 @@ ours across fork). What happens when:
   watcher is what lets running jobs use the graceful timeout instead of
   whatever is left of it at exit. A pool that finds it cannot go on calls
   back, and the worker stops serving the same way: drained, then replaced by
-  the master.
+  the master. In every worker, a pool or none, another watcher ends the
+  open event streams and long polls as soon as the worker stops serving:
+  the gevent worker waits for every request in flight before it exits, and
+  a stream would otherwise hold it for the whole graceful timeout.
 * `worker_int` -> `interrupt_worker` (SIGINT/SIGQUIT, quick shutdown): stop
   the pool at once, recording its running jobs.
 * `worker_exit` -> `stop_worker`: waits for the drain (starting it if the
@@ -42,6 +45,7 @@ from mealquest.db import database_errors, migrations
 from mealquest.db.driver import Store
 from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_store
+from mealquest.jobs.live import get_live
 from mealquest.jobs.runner.pool import Pool, StopReport
 from mealquest.jobs.service import get_jobs
 from mealquest.serving import flask_app
@@ -80,6 +84,7 @@ def start_worker(worker: Any) -> None:
     """post_worker_init: check the database, start the pool, watch for the stop."""
     global _current
     app = flask_app(worker.wsgi)
+    gevent.spawn(_end_streams_at_stop, worker, app)
     try:
         migrations.require_migrated(get_store(app))
         if not app.config["JOB_POOL_IN_WEB"]:
@@ -101,6 +106,13 @@ def start_worker(worker: Any) -> None:
         sys.exit(_WORKER_START_FAILED)
     _current = _WorkerPool(pool)
     gevent.spawn(_watch, worker)
+
+
+def _end_streams_at_stop(worker: Any, app: Any) -> None:
+    """When the worker stops serving, end its streams and long polls at once."""
+    while worker.alive:
+        gevent.sleep(_WATCH_SECONDS)
+    get_live(app).watcher.close_all()
 
 
 def _watch_store(worker: Any, store: Store) -> None:

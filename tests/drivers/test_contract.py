@@ -27,6 +27,8 @@ SETS = {
     "sessions": driver.SessionStatements,
     "operations": driver.OperationStatements,
     "flow": driver.FlowStatements,
+    "processes": driver.ProcessStatements,
+    "streams": driver.StreamStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

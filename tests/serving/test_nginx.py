@@ -8,11 +8,15 @@ import re
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+from mealquest.config import DEFAULTS
 from mealquest.operators import create_operator
-from tests.support.servers import Answer, free_port, http, wait_until
+from tests.support.events import EventStream
+from tests.support.servers import REPO, Answer, enqueue, free_port, http, wait_until
 from tests.support.tls import TEST_HOST
 
 SECRET_KEY = "nginx-test-secret-key-" + "k" * 32
+# The longest `?wait=` a long poll may ask for.
+MAX_WAIT_SECONDS = 30
 HSTS = "Strict-Transport-Security"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -93,6 +97,36 @@ def test_enqueue_poll_result_and_errors_through_nginx(served, start_gunicorn, st
         assert too_long.status == 414, length
         assert too_long.headers["Content-Type"] == "application/json"
         assert too_long.json["error"]["code"] == "uri_too_long"
+
+
+def test_a_jobs_event_stream_passes_nginx_as_it_comes(served, start_gunicorn, start_nginx, gates):
+    """Each event and heartbeat reaches the client while the stream is open
+    (nginx buffering it would hold them until it ended), over TLS."""
+    server = start_gunicorn(
+        workers=1, config={"PROXY_FIX_HOPS": 1, "STREAM_HEARTBEAT_SECONDS": 0.3}
+    )
+    nginx = start_nginx(server.port)
+    job_id = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("g")})
+
+    url = f"{nginx.url}/api/v1/jobs/{job_id}/events"
+    # A buffered stream would hold the first event: the read times out instead.
+    with EventStream(url, served.token, timeout=30) as stream:
+        assert stream.status == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert stream.next().name == "job"  # while the job is held: not buffered
+        assert stream.next(comments=True).comment == "keep-alive"
+        gates.open("g")
+        events = stream.events_until_closed()
+    assert events[-1].name == "end"
+    assert events[-2].json["status"] == "succeeded"
+
+
+def test_nginx_waits_longer_than_a_long_poll_and_a_streams_heartbeat():
+    """Its read timeout is above the longest `?wait=` and the stream's
+    heartbeat, or it would cut either with a 504."""
+    config = (REPO / "deploy" / "nginx.conf").read_text()
+    [timeout] = re.findall(r"proxy_read_timeout (\d+)s;", config)
+    assert int(timeout) > max(MAX_WAIT_SECONDS, DEFAULTS["STREAM_HEARTBEAT_SECONDS"])
 
 
 def test_nginx_answers_json_when_gunicorn_is_down(start_nginx):

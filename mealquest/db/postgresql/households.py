@@ -7,6 +7,8 @@ only store and read. Times come from the database's clock.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from mealquest.db.driver import Reads, Transaction
 from mealquest.model.households import Household, UnknownHousehold, UnknownToken
 
@@ -70,3 +72,15 @@ def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | No
         (token_sha256,),
     ).fetchone()
     return Household(row["id"], row["name"]) if row else None
+
+
+def live_token_digests(conn: Reads, digests: Collection[str]) -> set[str]:
+    """Those of `digests` whose tokens are live, in one statement."""
+    if not digests:
+        return set()
+    rows = conn.execute(
+        "SELECT token_sha256 FROM api_tokens WHERE revoked_at IS NULL "
+        "AND token_sha256 = ANY(%s::text[])",
+        (sorted(digests),),
+    ).fetchall()
+    return {row["token_sha256"] for row in rows}

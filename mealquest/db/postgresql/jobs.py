@@ -24,10 +24,11 @@ from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
-from mealquest.db import claiming, listing, outcomes
+from mealquest.db import claiming, listing, outcomes, standing
 from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.postgresql import partitions as limits_sql
+from mealquest.db.postgresql import standing as standing_reads
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
@@ -46,12 +47,17 @@ from mealquest.model.jobs import (
     Transition,
     check_transition,
 )
+from mealquest.model.queue import Standing
 
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, partition_key"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, "
+    "partition_key, version"
 )
+# Every statement that changes what a household sees of a job sets its next
+# version itself (the migration's trigger catches any other write).
+_NEXT_VERSION = "version = jobs.version + 1"
 # The claim's order: priority (lower first), then due time, then insertion order.
 CLAIM_ORDER = "priority, run_at, seq"
 _TIMES = (
@@ -96,7 +102,7 @@ _FENCE_ON_LEASES = (
     "jobs.id = lease.id AND jobs.status = 'running' AND jobs.lease_owner = lease.owner "
     "AND jobs.attempt = lease.attempt"
 )
-_CLEAR_LEASE = "lease_owner = NULL, lease_expires_at = NULL, updated_at = now()"
+_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), {_NEXT_VERSION}"
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -217,33 +223,38 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
     Final jobs are left as they are. Returns the job as it now is (None: no
     such job for that household). The update waits for a fenced write in
     flight on the row and then judges the row as that write left it."""
-    tx.execute(
+    cursor = tx.execute(
         "UPDATE jobs SET "
         "status = CASE status WHEN 'queued' THEN 'cancelled' ELSE status END, "
         "finished_at = CASE status WHEN 'queued' THEN now() ELSE finished_at END, "
         "cancel_requested_at = CASE status WHEN 'running' "
         "THEN coalesce(cancel_requested_at, now()) ELSE cancel_requested_at END, "
-        "updated_at = now() "
-        "WHERE id = %(id)s AND status IN ('queued', 'running') "
+        f"updated_at = now(), {_NEXT_VERSION} "
+        "WHERE id = %(id)s AND (status = 'queued' "
+        "OR (status = 'running' AND cancel_requested_at IS NULL)) "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
         {"id": job_id, "household_id": household_id},
     )
+    if cursor.rowcount:
+        postgres_transaction(tx).notify_changed((job_id,))
     return get_job(tx, job_id, household_id)
 
 
 def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
     """Queue a failed or cancelled job again, due now, with a fresh attempt
     budget; other jobs are left as they are. Returns the job as it now is."""
-    tx.execute(
+    cursor = tx.execute(
         "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
         "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
-        "run_at = now(), updated_at = now() "
+        f"run_at = now(), updated_at = now(), {_NEXT_VERSION} "
         "WHERE id = %(id)s AND status IN ('failed', 'cancelled') "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
         {"id": job_id, "household_id": household_id},
     )
     postgres_transaction(tx).notify_enqueued()
+    if cursor.rowcount:
+        postgres_transaction(tx).notify_changed((job_id,))
     return get_job(tx, job_id, household_id)
 
 
@@ -465,7 +476,7 @@ picks AS (
 next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
     lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
-    started_at = {_NOW}, updated_at = {_NOW}
+    started_at = {_NOW}, updated_at = {_NOW}, {_NEXT_VERSION}
 WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
 RETURNING {_qualified("jobs")}"""
     params = {
@@ -521,7 +532,9 @@ def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
     """Up to `request.limit` due jobs: by priority (lower first), each
     priority's households in turn (`mealquest.db.claiming`)."""
     due = functools.partial(has_due_job, partitions=request.partitions)
-    return claiming.by_priority(_claim_one_priority, due, tx, request)
+    claimed = claiming.by_priority(_claim_one_priority, due, tx, request)
+    postgres_transaction(tx).notify_changed(job.id for job in claimed)
+    return claimed
 
 
 def _qualified(table: str) -> str:
@@ -530,10 +543,13 @@ def _qualified(table: str) -> str:
 
 def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
-        f"UPDATE jobs SET result = %(result)s, updated_at = now() WHERE {_FENCE}",
+        f"UPDATE jobs SET result = %(result)s, updated_at = now(), {_NEXT_VERSION} WHERE {_FENCE}",
         {"result": result, **_fence(lease)},
     )
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    postgres_transaction(tx).notify_changed((lease.job_id,))
+    return True
 
 
 def owns(tx: Transaction, lease: Lease) -> bool:
@@ -595,7 +611,10 @@ def transition(tx: Transaction, change: Transition) -> bool:
             **_fence(change.lease),
         },
     )
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    postgres_transaction(tx).notify_changed((change.lease.job_id,))
+    return True
 
 
 # `transition` for a batch, in one statement: each row of `change` carries its
@@ -620,7 +639,7 @@ _TRANSITION_MANY = (
     "attempt = CASE WHEN change.refund THEN jobs.attempt - 1 ELSE jobs.attempt END, "
     f"snoozes = CASE WHEN change.snoozed AND NOT ({_CHANGE_CANCELLING}) "
     "THEN jobs.snoozes + 1 ELSE jobs.snoozes END, "
-    "lease_owner = NULL, lease_expires_at = NULL, updated_at = now() "
+    f"{_CLEAR_LEASE} "
     "FROM unnest(%(ids)s::text[], %(owners)s::text[], %(attempts)s::integer[], "
     "%(statuses)s::text[], %(refunds)s::boolean[], %(results)s::text[], %(errors)s::text[], "
     "%(delays)s::double precision[], %(snoozed)s::boolean[]) "
@@ -647,7 +666,9 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
             "snoozed": [change.snoozed for change in transitions],
         },
     ).fetchall()
-    return {row["id"] for row in rows}
+    moved = {row["id"] for row in rows}
+    postgres_transaction(tx).notify_changed(moved)
+    return moved
 
 
 def transition_many(tx: Transaction, transitions: Sequence[Transition]) -> list[bool]:
@@ -739,7 +760,8 @@ _INTERRUPT = (
 )
 
 
-def _recovered(rows: list[dict[str, Any]]) -> Recovered:
+def _recovered(tx: Transaction, rows: list[dict[str, Any]]) -> Recovered:
+    postgres_transaction(tx).notify_changed(row["id"] for row in rows)
     return Recovered(
         tuple(row["id"] for row in rows if row["status"] == Status.QUEUED),
         tuple(row["id"] for row in rows if row["status"] == Status.FAILED),
@@ -761,7 +783,7 @@ def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
         "RETURNING jobs.id, jobs.status",
         {"interrupted": MESSAGE_INTERRUPTED, **arrays},
     ).fetchall()
-    return _recovered(rows)
+    return _recovered(tx, rows)
 
 
 def running_leases(conn: Reads) -> list[HeldLease]:
@@ -797,7 +819,7 @@ def rescue_unrenewed(
             **_lease_arrays(entry.lease for entry in held),
         },
     ).fetchall()
-    return _recovered(rows)
+    return _recovered(tx, rows)
 
 
 def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
@@ -902,3 +924,51 @@ def household_load(conn: Reads, household_id: int) -> tuple[int, float | None]:
     ).fetchone()
     mean = row["seconds"]
     return int(row["running"]), None if mean is None else float(mean)
+
+
+def changed_jobs(conn: Reads, versions: Mapping[str, int]) -> dict[str, Job | None]:
+    """Each job of `versions` whose version is no longer the one given (None:
+    it no longer exists): one statement over arrays, a primary-key probe per
+    job, and only changed rows come back."""
+    if not versions:
+        return {}
+    rows = conn.execute(
+        f"SELECT w.id AS watched, {_qualified('j')} "
+        "FROM unnest(%(ids)s::text[], %(versions)s::integer[]) AS w(id, version) "
+        "LEFT JOIN jobs AS j ON j.id = w.id WHERE j.id IS NULL OR j.version <> w.version",
+        {"ids": list(versions), "versions": list(versions.values())},
+    ).fetchall()
+    changed: dict[str, Job | None] = {}
+    for row in rows:
+        values = dict(row)
+        job_id = values.pop("watched")
+        changed[job_id] = _job(values) if values["id"] is not None else None
+    return changed
+
+
+def queue_standings(conn: Reads, jobs: Sequence[Job], *, at_most: int) -> dict[str, Standing]:
+    """Each queued job's place in line (see `mealquest.db.standing`), judged at
+    the database's now."""
+    if not any(job.status == Status.QUEUED for job in jobs):
+        return {}
+    now = to_text(conn.execute("SELECT now() AS now").fetchone()["now"])
+    return standing.standings(standing_reads, conn, jobs, at_most=at_most, now=now)
+
+
+# How many of a kind's latest jobs its typical run time is looked for in (its
+# newest jobs may be a long queue of waiting ones).
+_KIND_JOBS_LOOKED_AT = 1_000
+
+
+def kind_run_seconds(conn: Reads, kind: str) -> float | None:
+    """The mean run time in seconds of the kind's latest finished jobs among its
+    newest `_KIND_JOBS_LOOKED_AT` (None without any), through the kind's index."""
+    row = conn.execute(
+        "SELECT avg(extract(epoch FROM finished_at - started_at)) AS seconds FROM ("
+        "SELECT started_at, finished_at FROM (SELECT seq, status, started_at, finished_at "
+        "FROM jobs WHERE kind = %(kind)s ORDER BY kind, seq DESC LIMIT %(looked)s) AS newest "
+        "WHERE status IN ('succeeded', 'failed') AND started_at IS NOT NULL "
+        "ORDER BY seq DESC LIMIT %(recent)s) AS recent",
+        {"kind": kind, "looked": _KIND_JOBS_LOOKED_AT, "recent": _RECENT_RUNS},
+    ).fetchone()
+    return None if row["seconds"] is None else float(row["seconds"])

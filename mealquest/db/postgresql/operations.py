@@ -13,6 +13,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.jobs import Status
 from mealquest.model.queue import DueJob, QueueFigures
 
@@ -78,4 +79,8 @@ def delete_job(tx: Transaction, job_id: str) -> bool:
     cursor = tx.execute(
         "DELETE FROM jobs WHERE id = %s AND status <> %s", (job_id, str(Status.RUNNING))
     )
-    return cursor.rowcount == 1
+    if cursor.rowcount != 1:
+        return False
+    # A stream watching it ends.
+    postgres_transaction(tx).notify_changed((job_id,))
+    return True

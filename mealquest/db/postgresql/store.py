@@ -35,7 +35,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Hashable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
@@ -49,10 +49,12 @@ from mealquest.db.driver import (
     OperationStatements,
     OperatorStatements,
     PeriodicStatements,
+    ProcessStatements,
     Reads,
     RecipeStatements,
     RetentionStatements,
     SessionStatements,
+    StreamStatements,
     Transaction,
 )
 from mealquest.db.errors import (
@@ -71,9 +73,11 @@ from mealquest.db.postgresql import (
     operations,
     operators,
     periodic,
+    processes,
     recipes,
     retention,
     sessions,
+    streams,
 )
 from mealquest.db.postgresql.driver_logs import quiet_driver_logs
 from mealquest.db.postgresql.notify import Listener, Notifier
@@ -177,6 +181,8 @@ class PostgresStore:
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
     flow: FlowStatements = flow
+    processes: ProcessStatements = processes
+    streams: StreamStatements = streams
 
     def describe(self) -> str:
         """The database as messages name it: host, port and name, never the password."""
@@ -406,13 +412,31 @@ class PostgresStore:
         self._check_process()
         if not self.listen:
             return int(time.monotonic() / _POLL_ONLY_VERSION_SECONDS)
+        return self._started_listener().count
+
+    def _started_listener(self) -> Listener:
         if self._listener is None:
             # Kept only once started: a kill between the two would leave a
             # listener that `close` cannot join.
             listener = Listener(self.url, self.connect_kwargs())
             listener.start()
             self._listener = listener
-        return self._listener.count
+        return self._listener
+
+    def job_changes(self, since: Hashable | None, /) -> tuple[Hashable, Collection[str] | None]:
+        """With LISTEN on, the jobs other processes' writes named on the change
+        channel since `since` (None: any job, after a reconnect or a burst too
+        large to name). Without it, or while the listener is not listening, a
+        mark that changes every `_POLL_ONLY_VERSION_SECONDS` and any job at
+        each change: the caller then reads every job it watches."""
+        self._check_process()
+        if self.listen:
+            listener = self._started_listener()
+            if listener.listening:
+                heard = since if isinstance(since, tuple) and since[:1] != ("tick",) else None
+                return listener.changed_since(heard)
+        tick = ("tick", int(time.monotonic() / _POLL_ONLY_VERSION_SECONDS))
+        return tick, (() if since == tick else None)
 
     # -- lifecycle --------------------------------------------------------------
 

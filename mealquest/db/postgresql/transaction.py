@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from mealquest.db.driver import Transaction
@@ -29,6 +29,11 @@ class PostgresTransaction:
 
     def after_commit(self, callback: Callable[[], None], /) -> None:
         self.after_commit_callbacks.append(callback)
+
+    def notify_changed(self, job_ids: Iterable[str]) -> bool:
+        """Name the jobs this transaction changed to listening processes' stream
+        watchers (rate-limited as enqueues are: see `Notifier`)."""
+        return self.notifier.changed(self, job_ids)
 
     def notify_enqueued(self) -> bool:
         """Tell listening processes, when this transaction commits, that a job was

@@ -6,7 +6,9 @@ checks the name; these functions only store and read.
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Collection
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.driver import Reads, Transaction
@@ -69,3 +71,16 @@ def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | No
         (token_sha256,),
     ).fetchone()
     return Household(row["id"], row["name"]) if row else None
+
+
+def live_token_digests(conn: Reads, digests: Collection[str]) -> set[str]:
+    """Those of `digests` whose tokens are live, in one statement (a probe of
+    the digests' unique index each)."""
+    if not digests:
+        return set()
+    rows = conn.execute(
+        "SELECT token_sha256 FROM api_tokens WHERE revoked_at IS NULL "
+        "AND token_sha256 IN (SELECT value FROM json_each(?))",
+        (json.dumps(sorted(digests)),),
+    ).fetchall()
+    return {row["token_sha256"] for row in rows}

@@ -21,10 +21,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from mealquest.clock import to_text, utc_now
-from mealquest.db import claiming, listing, outcomes
+from mealquest.db import claiming, listing, outcomes, standing
 from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.sqlite import partitions as limits_sql
+from mealquest.db.sqlite import standing as standing_reads
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
@@ -42,12 +43,18 @@ from mealquest.model.jobs import (
     Transition,
     check_transition,
 )
+from mealquest.model.queue import Standing
 
 _COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, partition_key"
+    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, "
+    "partition_key, version"
 )
+# Every statement that changes what a household sees of a job sets its next
+# version itself (the migration's trigger catches any other write, at the
+# cost of a second write of the row).
+_NEXT_VERSION = "version = jobs.version + 1"
 
 
 # The columns an insert sets, in the order of `_insert_row`'s values.
@@ -166,8 +173,9 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
         "finished_at = CASE status WHEN 'queued' THEN :now ELSE finished_at END, "
         "cancel_requested_at = CASE status WHEN 'running' "
         "THEN COALESCE(cancel_requested_at, :now) ELSE cancel_requested_at END, "
-        "updated_at = :now "
-        f"WHERE id = :job_id AND status IN ('queued', 'running'){scope}",
+        f"updated_at = :now, {_NEXT_VERSION} "
+        "WHERE id = :job_id AND (status = 'queued' "
+        f"OR (status = 'running' AND cancel_requested_at IS NULL)){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
     )
     return get_job(tx, job_id, household_id)
@@ -182,7 +190,7 @@ def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> 
         "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
         "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
-        "run_at = :now, updated_at = :now "
+        f"run_at = :now, updated_at = :now, {_NEXT_VERSION} "
         f"WHERE id = :job_id AND status IN ('failed', 'cancelled'){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
     )
@@ -369,7 +377,8 @@ picks AS (
     )
 )
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
-    lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment
+    lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment,
+    {_NEXT_VERSION}
 WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
 RETURNING {_COLUMNS}"""
     params = {
@@ -434,7 +443,7 @@ def _fence(lease: Lease) -> dict[str, object]:
 
 def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
-        f"UPDATE jobs SET result = :result, updated_at = :now WHERE {_FENCE}",
+        f"UPDATE jobs SET result = :result, updated_at = :now, {_NEXT_VERSION} WHERE {_FENCE}",
         {"result": result, "now": _text(None), **_fence(lease)},
     )
     return cursor.rowcount == 1
@@ -466,7 +475,7 @@ _ATTEMPT: dict[Attempt, str] = {
     Attempt.SPEND: "interruptions = 0",
     Attempt.REFUND: "attempt = attempt - 1",
 }
-_CLEAR_LEASE = "lease_owner = NULL, lease_expires_at = NULL, updated_at = :now"
+_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = :now, {_NEXT_VERSION}"
 # A snooze counts on the job (unless a cancel wins), and ends its interruptions in a row.
 _SNOOZED = f"snoozes = snoozes + CASE WHEN {_CANCELLING} THEN 0 ELSE 1 END, interruptions = 0"
 
@@ -833,3 +842,52 @@ def household_load(conn: Reads, household_id: int) -> tuple[int, float | None]:
         (household_id, _RECENT_RUNS),
     ).fetchone()["seconds"]
     return int(running), None if mean is None else float(mean)
+
+
+# Watched jobs one statement probes at most (its JSON text about 20 kB).
+_WATCHED_PER_STATEMENT = 500
+_CHANGED = (
+    f"SELECT json_extract(w.value, '$[0]') AS watched, {_JOB_COLUMNS_OF_J} "
+    "FROM json_each(?) AS w LEFT JOIN jobs AS j ON j.id = json_extract(w.value, '$[0]') "
+    "WHERE j.id IS NULL OR j.version <> json_extract(w.value, '$[1]')"
+)
+
+
+def changed_jobs(conn: Reads, versions: Mapping[str, int]) -> dict[str, Job | None]:
+    """Each job of `versions` whose version is no longer the one given (None:
+    it no longer exists): a probe of the jobs' id index per job, from one JSON
+    array per batch, and only changed rows come back."""
+    changed: dict[str, Job | None] = {}
+    watched = list(versions.items())
+    for start in range(0, len(watched), _WATCHED_PER_STATEMENT):
+        batch = json.dumps(watched[start : start + _WATCHED_PER_STATEMENT])
+        for row in conn.execute(_CHANGED, (batch,)).fetchall():
+            values = dict(row)
+            job_id = values.pop("watched")
+            changed[job_id] = Job.from_row(values) if values["id"] is not None else None
+    return changed
+
+
+def queue_standings(conn: Reads, jobs: Sequence[Job], *, at_most: int) -> dict[str, Standing]:
+    """Each queued job's place in line (see `mealquest.db.standing`), judged at
+    the wall clock's now."""
+    return standing.standings(standing_reads, conn, jobs, at_most=at_most, now=_text(None))
+
+
+# How many of a kind's latest jobs its typical run time is looked for in (its
+# newest jobs may be a long queue of waiting ones), and read from.
+_KIND_JOBS_LOOKED_AT = 1_000
+
+
+def kind_run_seconds(conn: Reads, kind: str) -> float | None:
+    """The mean run time in seconds of the kind's latest finished jobs among its
+    newest `_KIND_JOBS_LOOKED_AT` (None without any), through the kind's index."""
+    row = conn.execute(
+        "SELECT avg((julianday(finished_at) - julianday(started_at)) * 86400.0) AS seconds "
+        "FROM (SELECT started_at, finished_at FROM (SELECT seq, status, started_at, finished_at "
+        "FROM jobs INDEXED BY jobs_kind_seq WHERE kind = ? ORDER BY seq DESC LIMIT ?) "
+        "WHERE status IN ('succeeded', 'failed') AND started_at IS NOT NULL "
+        "ORDER BY seq DESC LIMIT ?)",
+        (kind, _KIND_JOBS_LOOKED_AT, _RECENT_RUNS),
+    ).fetchone()
+    return None if row["seconds"] is None else float(row["seconds"])

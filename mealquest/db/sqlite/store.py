@@ -34,7 +34,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Hashable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -48,10 +48,12 @@ from mealquest.db.driver import (
     OperationStatements,
     OperatorStatements,
     PeriodicStatements,
+    ProcessStatements,
     Reads,
     RecipeStatements,
     RetentionStatements,
     SessionStatements,
+    StreamStatements,
     Transaction,
 )
 from mealquest.db.errors import (
@@ -70,9 +72,11 @@ from mealquest.db.sqlite import (
     operations,
     operators,
     periodic,
+    processes,
     recipes,
     retention,
     sessions,
+    streams,
 )
 from mealquest.db.sqlite.connection import (
     connect,
@@ -180,6 +184,8 @@ class SqliteStore:
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
     flow: FlowStatements = flow
+    processes: ProcessStatements = processes
+    streams: StreamStatements = streams
 
     def describe(self) -> str:
         """The database as messages name it."""
@@ -541,6 +547,13 @@ class SqliteStore:
         other connection's commits, this process's writer's too) and which
         reader connection counted them."""
         return self.read(self._marker_of)
+
+    def job_changes(self, since: Hashable | None, /) -> tuple[Hashable, Collection[str] | None]:
+        """The change marker, and whether anything committed since `since`: SQLite
+        counts commits, not the rows they changed, so any commit may have
+        changed any job (None) and none leaves them all as they were."""
+        marker = self.change_marker()
+        return marker, (() if since == marker else None)
 
     def _marker_of(self, conn: Reads, /) -> tuple[int, int]:
         return self._readers_opened, _data_version(conn)

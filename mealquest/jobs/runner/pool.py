@@ -11,7 +11,10 @@
   that will not end, `rescuer.Rescuer` takes back expired leases anywhere,
   `unhandled.UnhandledKinds` reports queued jobs no handler here runs;
 * `scheduler.Scheduler` enqueues the job of each periodic kind's scheduled
-  time, one across all processes (when the pool is given `enqueue`).
+  time, one across all processes (when the pool is given `enqueue`);
+* `registration.Registration` keeps the process's entry in the registry of
+  live processes (entered at start, renewed at the heartbeat's rhythm,
+  removed at stop).
 
 No role imports another: each is given the others' parts it uses, as
 callbacks, here.
@@ -45,6 +48,7 @@ from mealquest.jobs.runner.completer import Completer
 from mealquest.jobs.runner.executor import Executor
 from mealquest.jobs.runner.heartbeat import Heartbeat
 from mealquest.jobs.runner.producer import Producer
+from mealquest.jobs.runner.registration import Registration
 from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.jobs.runner.running import STOPPING, Running
 from mealquest.jobs.runner.scheduler import Enqueue, Scheduler, run_forever
@@ -122,6 +126,13 @@ class Pool:
         )
         self.watchdog = Watchdog(self.settings, self.slots, self.executor.take, self._hung)
         self.unhandled = UnhandledKinds(store, registry)
+        self.registration = Registration(
+            store,
+            self.owner,
+            kinds=lambda: tuple(self.registry.names()),
+            slots=self.settings.workers,
+            busy=lambda: len(self.slots.running),
+        )
         # Periodic kinds need `enqueue` (the service's, so their jobs are
         # made as every other job is); a pool built without it schedules nothing.
         self.scheduler = (
@@ -156,6 +167,10 @@ class Pool:
             self.rescuer.run_once()
         except Exception:
             logger.exception("rescue at pool start failed; the periodic rescue will retry")
+        try:
+            self.registration.register()
+        except Exception:
+            logger.exception("could not register this process; its renewal will retry")
         if self.settings.max_blocking_seconds:
             hub_monitor.watch(self.slots.job_of, self.settings.max_blocking_seconds)
         every, settings = self._every, self.settings
@@ -171,6 +186,7 @@ class Pool:
                 settings.unhandled_report_seconds,
                 self.unhandled.run_once,
             ),
+            ("registration", every, settings.heartbeat_seconds, self.registration.run_once),
         ):
             self.roles[name] = self._supervise(name, run, *args)
         if self.scheduler is not None and self.registry.periodic():
@@ -242,6 +258,10 @@ class Pool:
                 logger.exception("could not record stopped jobs; their leases will expire")
         self._maintenance_stop.set()
         gevent.killall(list(self.roles.values()), block=True, timeout=5)
+        try:
+            self.registration.remove()
+        except Exception:
+            logger.exception("could not remove this process's entry; it expires after a lease")
         report = StopReport(
             len(entries) - len(left), recovered.requeued, recovered.failed, recovered.cancelled
         )
