@@ -18,7 +18,9 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError
 
+from mealquest import audit
 from mealquest.admin import actions
+from mealquest.admin.charts import COLORS, lay_out
 from mealquest.admin.guard import (
     csrf_refused,
     current_operator,
@@ -29,10 +31,12 @@ from mealquest.admin.guard import (
     sign_out,
 )
 from mealquest.extensions import get_store
+from mealquest.job_history import Range, read_charts
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
 from mealquest.model.jobs import Job, Status
+from mealquest.model.operations import BulkAction
 from mealquest.operators import operator_for_token
 
 logger = logging.getLogger(__name__)
@@ -63,6 +67,7 @@ def sign_in_form() -> ResponseReturnValue:
             logger.warning("dashboard sign-in refused (not a live operator token)")
             return render_template("admin/sign_in.html", failed=True), 401
         sign_in(operator)
+        audit.record(get_store(), operator, "sign-in", "dashboard")
         logger.info("operator %d signed in to the dashboard", operator.id)
         return redirect(url_for("admin.overview"), code=303)
     return render_template("admin/sign_in.html", failed=False)
@@ -70,6 +75,7 @@ def sign_in_form() -> ResponseReturnValue:
 
 @bp.post("/sign-out", endpoint="sign_out")
 def sign_out_form() -> ResponseReturnValue:
+    audit.record(get_store(), current_operator(), "sign-out", "dashboard")
     sign_out()
     return redirect(url_for("admin.sign_in"), code=303)
 
@@ -83,6 +89,7 @@ def overview() -> ResponseReturnValue:
         for (kind, status), count in sorted(figures.counts.items())
         if status == Status.QUEUED and kind not in handled and count
     }
+    chart_range = Range.DAY if request.args.get("range") == Range.DAY else Range.HOUR
     return render_template(
         "admin/overview.html",
         figures=figures,
@@ -90,18 +97,22 @@ def overview() -> ResponseReturnValue:
         by_status=figures.by_status(),
         oldest=figures.oldest(),
         unhandled=unhandled,
+        chart_range=str(chart_range),
+        ranges=[str(name) for name in Range],
+        kind_charts=lay_out(read_charts(get_store(), chart_range)),
+        colors=COLORS,
     )
 
 
 @bp.get("/jobs")
 def jobs() -> ResponseReturnValue:
-    filters, problem = _filters(request.args)
+    filters, problem = filters_of(request.args)
     listed: list[Job] = []
     if problem is None:
         listed = get_jobs().list_jobs(**filters, limit=PAGE_SIZE)
     older = None
     if len(listed) == PAGE_SIZE:
-        older = url_for("admin.jobs", **_query(request.args, before=listed[-1].seq))
+        older = url_for("admin.jobs", **query_of(request.args, before=listed[-1].seq))
     return render_template(
         "admin/jobs.html",
         jobs=[_row(job) for job in listed],
@@ -110,7 +121,9 @@ def jobs() -> ResponseReturnValue:
         args=request.args,
         problem=problem,
         older=older,
-        newest=url_for("admin.jobs", **_query(request.args, before=None)),
+        newest=url_for("admin.jobs", **query_of(request.args, before=None)),
+        bulk_actions=[str(action) for action in BulkAction],
+        filter_query=query_of(request.args),
     ), (400 if problem else 200)
 
 
@@ -166,7 +179,7 @@ def _acted(job_id: str, done: actions.Done) -> ResponseReturnValue:
 # -- helpers --------------------------------------------------------------------
 
 
-def _filters(args: Any) -> tuple[dict[str, Any], str | None]:
+def filters_of(args: Any) -> tuple[dict[str, Any], str | None]:
     """The list's filters from the query, or why they cannot be used."""
     filters: dict[str, Any] = {}
     status = args.get("status", "")
@@ -188,7 +201,7 @@ def _filters(args: Any) -> tuple[dict[str, Any], str | None]:
     return filters, None
 
 
-def _query(args: Any, **changes: Any) -> dict[str, Any]:
+def query_of(args: Any, **changes: Any) -> dict[str, Any]:
     query = {key: args.get(key) for key in ("status", "kind", "household") if args.get(key)}
     query.update({key: value for key, value in changes.items() if value is not None})
     return query

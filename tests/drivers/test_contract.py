@@ -26,6 +26,8 @@ SETS = {
     "operators": driver.OperatorStatements,
     "sessions": driver.SessionStatements,
     "operations": driver.OperationStatements,
+    "audit": driver.AuditStatements,
+    "history": driver.HistoryStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

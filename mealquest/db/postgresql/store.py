@@ -43,6 +43,8 @@ import gevent
 from gevent import monkey
 
 from mealquest.db.driver import (
+    AuditStatements,
+    HistoryStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -63,6 +65,8 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import POOLERS
 from mealquest.db.postgresql import (
+    audit,
+    history,
     households,
     jobs,
     migrate,
@@ -170,6 +174,8 @@ class PostgresStore:
     operators: OperatorStatements = operators
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
+    audit: AuditStatements = audit
+    history: HistoryStatements = history
 
     def describe(self) -> str:
         """The database as messages name it: host, port and name, never the password."""

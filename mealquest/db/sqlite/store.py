@@ -42,6 +42,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import gevent
 
 from mealquest.db.driver import (
+    AuditStatements,
+    HistoryStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -62,6 +64,8 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
+    audit,
+    history,
     households,
     jobs,
     migrate,
@@ -177,6 +181,8 @@ class SqliteStore:
     operators: OperatorStatements = operators
     sessions: SessionStatements = sessions
     operations: OperationStatements = operations
+    audit: AuditStatements = audit
+    history: HistoryStatements = history
 
     def describe(self) -> str:
         """The database as messages name it."""
