@@ -818,6 +818,9 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(tmp_path):
         "jobs_queue_enter",
         "jobs_queue_leave",
         "jobs_queue_delete",
+        "job_history_started",
+        "job_history_ended",
+        "job_history_cancelled_queued",
     }
     indexes = {name for kind, name in names if kind == "index"}
     assert indexes >= {"jobs_claim", "jobs_running", "jobs_household_queued", "jobs_finished"}
