@@ -167,5 +167,6 @@ def test_the_dashboards_queries_are_valid_promql(tmp_path):
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     dashboard = json.loads(DASHBOARD.read_text())
-    assert dashboard["uid"] and dashboard["panels"]
+    assert dashboard["uid"]
+    assert dashboard["panels"]
     assert all(panel["targets"] for panel in dashboard["panels"])
