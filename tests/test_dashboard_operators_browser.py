@@ -157,7 +157,8 @@ def signed_in(site, browser):
 def chart_marks(browser, kind, chart):
     """(series, value) of each bar or point of one of a kind's charts, as the SVG says."""
     script = (
-        "const svg = document.querySelector(`svg[data-kind='${arguments[0]}'][data-chart='${arguments[1]}']`);"
+        "const svg = document.querySelector("
+        "`svg[data-kind='${arguments[0]}'][data-chart='${arguments[1]}']`);"
         "if (!svg) return null;"
         "return Array.from(svg.querySelectorAll('[data-series]'))"
         ".filter(e => e.hasAttribute('data-value'))"
