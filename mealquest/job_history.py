@@ -4,11 +4,12 @@ or per ten minutes over the last day.
 
 Read from the history the database keeps (`job_history`: counts per kind,
 period and duration bucket, written by triggers on `jobs`), never from the
-jobs: a chart costs about one row per kind, period and bucket used, however
-many jobs the table holds.
+jobs: a chart costs one row per kind and period, however many jobs the
+table holds (the database sums the buckets and finds the percentiles'
+buckets itself: `mealquest.db.history_summary`).
 
 A percentile comes from the buckets: the smallest bucket in which at least
-that share of the period's events fall holds the true value (the
+that share of the period's durations fall holds the true value (the
 nearest-rank percentile), and the figure given is the bucket's middle on a
 log scale (its lower bound times 2 ** 0.25). Buckets are √2 wide, so the
 figure is within a factor of 2 ** 0.25 (19 %) of the true value, either
@@ -20,12 +21,11 @@ bound, "at least".
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from mealquest.db.driver import Reads, Store
-from mealquest.model.history import NEVER_RAN, History, Series
+from mealquest.model.history import History, HistoryPeriod, Series
 
 
 class Range(enum.StrEnum):
@@ -47,27 +47,27 @@ class Range(enum.StrEnum):
 # Where a percentile falls inside its bucket: its middle on a log scale.
 _MIDDLE = 2**0.25
 OUTCOMES = (Series.SUCCEEDED, Series.FAILED, Series.CANCELLED)
-_RAN = frozenset((*OUTCOMES, Series.RETRIED))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Period:
-    """One period of one kind: how many attempts ended each way, and the
-    wait and run time percentiles in seconds (None: nothing started, or
-    nothing ran to an end, in it)."""
+    """One period of one kind: attempts that ended each way, jobs that
+    started, and the wait and run time percentiles in seconds (None: none
+    started, or none ran to an end, in it)."""
 
     start: datetime
-    outcomes: dict[str, int] = field(default_factory=dict)
-    wait: dict[int, int] = field(default_factory=dict)
-    run: dict[int, int] = field(default_factory=dict)
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    started: int = 0
     wait_p50: float | None = None
     wait_p95: float | None = None
     run_p50: float | None = None
     run_p95: float | None = None
 
-    @property
-    def started(self) -> int:
-        return sum(self.wait.values())
+    def outcome(self, series: str) -> int:
+        value: int = getattr(self, series)
+        return value
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class KindHistory:
     """Every period of the range, oldest first (empty ones too)."""
 
     def total(self, series: str) -> int:
-        return sum(period.outcomes.get(series, 0) for period in self.periods)
+        return sum(period.outcome(series) for period in self.periods)
 
 
 @dataclass(frozen=True)
@@ -88,23 +88,10 @@ class Charts:
     kinds: list[KindHistory]
 
 
-def percentile(histogram: dict[int, int], share: float, bounds: list[float]) -> float | None:
-    """The `share` (0 to 1) percentile of the durations counted in `histogram`
-    (bucket -> count), as the module's docstring says; None if it is empty."""
-    total = sum(histogram.values())
-    if total == 0:
-        return None
-    rank = max(1, math.ceil(share * total))
-    seen = 0
-    for bucket in sorted(histogram):
-        seen += histogram[bucket]
-        if seen >= rank:
-            return bucket_figure(bucket, bounds)
-    raise AssertionError("unreachable: the ranks add up to the total")
-
-
-def bucket_figure(bucket: int, bounds: list[float]) -> float:
+def bucket_figure(bucket: int | None, bounds: list[float]) -> float | None:
     """The figure a percentile in `bucket` is given (see the module's docstring)."""
+    if bucket is None:
+        return None
     if bucket <= 0:
         return bounds[1] / 2
     if bucket >= len(bounds) - 1:
@@ -112,47 +99,102 @@ def bucket_figure(bucket: int, bounds: list[float]) -> float:
     return bounds[bucket] * _MIDDLE
 
 
-def _charts(history: History, bounds: list[float], chart_range: Range) -> Charts:
+def _period(row: HistoryPeriod, bounds: list[float]) -> Period:
+    return Period(
+        row.period,
+        row.succeeded,
+        row.failed,
+        row.cancelled,
+        row.started,
+        bucket_figure(row.wait_p50, bounds),
+        bucket_figure(row.wait_p95, bounds),
+        bucket_figure(row.run_p50, bounds),
+        bucket_figure(row.run_p95, bounds),
+    )
+
+
+def charts_of(history: History, bounds: list[float], chart_range: Range) -> Charts:
     width = timedelta(minutes=history.width)
     starts = [
         history.last_period - width * (history.periods - 1 - index)
         for index in range(history.periods)
     ]
     by_kind: dict[str, dict[datetime, Period]] = {}
-    for row in history.counts:
-        of_kind = by_kind.setdefault(row.kind, {})
-        period = of_kind.get(row.period)
-        if period is None:
-            period = of_kind[row.period] = Period(row.period)
-        if row.series == Series.WAIT:
-            period.wait[row.bucket] = period.wait.get(row.bucket, 0) + row.count
-            continue
-        if row.series in OUTCOMES:
-            period.outcomes[row.series] = period.outcomes.get(row.series, 0) + row.count
-        if row.series in _RAN and row.bucket != NEVER_RAN:
-            period.run[row.bucket] = period.run.get(row.bucket, 0) + row.count
-    kinds = []
-    for kind in sorted(by_kind):
-        found = by_kind[kind]
-        periods = [found.get(start) or Period(start) for start in starts]
-        for period in periods:
-            period.wait_p50 = percentile(period.wait, 0.5, bounds)
-            period.wait_p95 = percentile(period.wait, 0.95, bounds)
-            period.run_p50 = percentile(period.run, 0.5, bounds)
-            period.run_p95 = percentile(period.run, 0.95, bounds)
-        kinds.append(KindHistory(kind, periods))
+    for row in history.rows:
+        by_kind.setdefault(row.kind, {})[row.period] = _period(row, bounds)
+    kinds = [
+        KindHistory(kind, [found.get(start) or Period(start) for start in starts])
+        for kind, found in sorted(by_kind.items())
+    ]
     return Charts(chart_range, starts, kinds)
 
 
+# A period is final, and kept, once it ended this long ago by the database's
+# clock: every transaction that wrote into it has committed by then (a write
+# lasts milliseconds; on PostgreSQL events carry their transaction's start).
+FINAL_AFTER = timedelta(minutes=1)
+
+
+@dataclass
+class _Kept:
+    """A range's final periods: every period up to `through` (its start) is
+    final, and those with events are in `rows`."""
+
+    through: datetime | None = None
+    rows: dict[datetime, list[HistoryPeriod]] = field(default_factory=dict)
+
+
+def _period_start(moment: datetime, width: int) -> datetime:
+    moment = moment.replace(second=0, microsecond=0)
+    return moment - timedelta(minutes=moment.minute % width)
+
+
+class ChartsReader:
+    """A process's charts. Periods that can no longer change are kept, so a
+    page reads only the periods since the newest final one (the one or two
+    latest), and its cost does not grow with the periods a range shows; the
+    first page of a process after its start reads the whole range once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._kept: dict[Range, _Kept] = {}
+        self._bounds: list[float] | None = None
+
+    def read(self, chart_range: Range, now: datetime | None = None) -> Charts:
+        """Every kind's chart data for the range (kinds with no event in it are left out)."""
+        store = self.store
+        kept = self._kept.setdefault(chart_range, _Kept())
+        width = timedelta(minutes=chart_range.width)
+        since = None if kept.through is None else kept.through + width
+        store.write(store.history.fold_history)
+
+        def read(conn: Reads) -> tuple[History, list[float]]:
+            history = store.history.history(
+                conn, width=chart_range.width, periods=chart_range.periods, since=since, now=now
+            )
+            return history, self._bounds or store.history.duration_bounds(conn)
+
+        history, bounds = store.read(read)
+        self._bounds = bounds
+        if kept.through is not None and history.last_period < kept.through:
+            # The clock went back (SQLite's is the host's): start again.
+            self._kept[chart_range] = _Kept()
+            return self.read(chart_range, now)
+        fresh: dict[datetime, list[HistoryPeriod]] = {}
+        for row in history.rows:
+            fresh.setdefault(row.period, []).append(row)
+        final = _period_start(history.now - FINAL_AFTER, chart_range.width) - width
+        kept.rows.update((start, rows) for start, rows in fresh.items() if start <= final)
+        kept.through = final if kept.through is None else max(kept.through, final)
+        first = history.last_period - width * (chart_range.periods - 1)
+        for start in [start for start in kept.rows if start < first]:
+            del kept.rows[start]
+        periods = {**kept.rows, **fresh}
+        rows = [row for start in sorted(periods) for row in periods[start]]
+        whole = History(history.width, history.periods, history.last_period, rows, history.now)
+        return charts_of(whole, bounds, chart_range)
+
+
 def read_charts(store: Store, chart_range: Range, now: datetime | None = None) -> Charts:
-    """Every kind's chart data for the range (kinds with no event in it are left out)."""
-    store.write(store.history.fold_history)
-
-    def read(conn: Reads) -> tuple[History, list[float]]:
-        history = store.history.history(
-            conn, width=chart_range.width, periods=chart_range.periods, now=now
-        )
-        return history, store.history.duration_bounds(conn)
-
-    history, bounds = store.read(read)
-    return _charts(history, bounds, chart_range)
+    """The charts read whole, keeping nothing (see `ChartsReader`)."""
+    return ChartsReader(store).read(chart_range, now)

@@ -1,20 +1,24 @@
-"""The overview's charts as drawings: each kind's outcomes (stacked bars) and
-its wait and run times (p50 and p95 lines, on a log scale), laid out here and
-drawn as inline SVG by `templates/admin/_charts.html`. No script draws them:
-the page's refresh swaps in new ones with the rest of the figures.
+"""The overview's charts as inline SVG: each kind's outcomes (stacked bars)
+and its wait and run times (p50 and p95 lines, on a log scale). No script
+draws them: the page's refresh swaps in new ones with the rest of the
+figures.
 
 Every bar and point carries its series, period and value as `data-`
 attributes (and a `<title>` a browser shows on hover), so what a chart says
-can be read back exactly.
+can be read back exactly. The markup is written here as text: a day's charts
+are a few thousand elements, which a template's loops made a page's
+slowest part. Only the kind's name comes from outside; it is escaped.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
-from mealquest.job_history import OUTCOMES, Charts, KindHistory, Period
+from markupsafe import Markup, escape
+
+from mealquest.job_history import OUTCOMES, Charts, KindHistory
 
 WIDTH = 380
 HEIGHT = 142
@@ -30,6 +34,7 @@ COLORS = {
     "p50": "#0b5cad",
     "p95": "#c26a00",
 }
+_DASHED = {"p95"}
 # Ticks of the duration charts' log scale, in seconds.
 _DURATION_TICKS = (
     (0.01, "10 ms"),
@@ -43,79 +48,19 @@ _DURATION_TICKS = (
     (86400.0, "1 d"),
 )
 _FLOOR_SECONDS = 0.005
-
-
-@dataclass(frozen=True)
-class Tick:
-    at: float
-    label: str
-    anchor: str = "end"
-
-
-@dataclass(frozen=True)
-class Bar:
-    x: float
-    y: float
-    width: float
-    height: float
-    series: str
-    period: str
-    value: int
-    label: str
-
-
-@dataclass(frozen=True)
-class Point:
-    x: float
-    y: float
-    series: str
-    period: str
-    value: float
-    label: str
-
-
-@dataclass(frozen=True)
-class Line:
-    series: str
-    points: str
-    dashed: bool
-
-
-@dataclass
-class Chart:
-    """One drawing: `chart` is `outcomes`, `wait` or `run`."""
-
-    kind: str
-    chart: str
-    title: str
-    legend: list[tuple[str, str, bool]]
-    bars: list[Bar] = field(default_factory=list)
-    lines: list[Line] = field(default_factory=list)
-    points: list[Point] = field(default_factory=list)
-    y_ticks: list[Tick] = field(default_factory=list)
-    x_ticks: list[Tick] = field(default_factory=list)
-    width: int = WIDTH
-    height: int = HEIGHT
-    left: int = _LEFT
-    top: int = _TOP
-    plot_width: int = _PLOT_W
-    plot_height: int = _PLOT_H
+_TITLES = {"outcomes": "jobs ended", "wait": "wait (due to start)", "run": "run time"}
 
 
 @dataclass(frozen=True)
 class KindCharts:
     kind: str
     totals: dict[str, int]
-    charts: list[Chart]
+    charts: list[Markup]
 
 
 def period_text(start: datetime) -> str:
     """A period as the charts' attributes name it: RFC 3339, to the minute."""
     return start.strftime("%Y-%m-%dT%H:%MZ")
-
-
-def _clock(start: datetime) -> str:
-    return start.strftime("%H:%M")
 
 
 def duration_text(seconds: float) -> str:
@@ -130,16 +75,6 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _x_ticks(starts: list[datetime]) -> list[Tick]:
-    """The first period's time, the middle one's and the latest's (now's)."""
-    slot = _PLOT_W / len(starts)
-    return [
-        Tick(_LEFT, _clock(starts[0]), "start"),
-        Tick(_LEFT + slot * (len(starts) // 2 + 0.5), _clock(starts[len(starts) // 2]), "middle"),
-        Tick(_LEFT + _PLOT_W, _clock(starts[-1]), "end"),
-    ]
-
-
 def _nice_ceiling(value: int) -> int:
     """The smallest of 1, 2, 5, 10, 20, 50, ... at or above `value`."""
     step = 1
@@ -150,111 +85,143 @@ def _nice_ceiling(value: int) -> int:
         step *= 10
 
 
-def outcomes_chart(history: KindHistory, starts: list[datetime]) -> Chart:
-    chart = Chart(
-        history.kind,
-        "outcomes",
-        "jobs ended",
-        [(str(series), COLORS[series], False) for series in OUTCOMES],
+def _frame(index: int, chart: str, kind: str, legend: tuple[str, ...]) -> list[str]:
+    """The chart's opening: its element, title, plot area and legend."""
+    title = f"{kind}: {_TITLES[chart]}"
+    parts = [
+        f'<svg class="chart" id="chart-{index}-{chart}" data-kind="{kind}" data-chart="{chart}" '
+        f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-label="{title}" xmlns="http://www.w3.org/2000/svg"><title>{title}</title>',
+        f'<rect x="{_LEFT}" y="{_TOP}" width="{_PLOT_W}" height="{_PLOT_H}" fill="#fff" '
+        'stroke="#dde1e7"/>',
+        f'<text x="{_LEFT}" y="12" font-size="11" font-weight="600" fill="#1d2430">'
+        f"{_TITLES[chart]}</text>",
+    ]
+    for place, series in enumerate(legend):
+        dash = ' stroke-dasharray="4 2"' if series in _DASHED else ""
+        parts.append(
+            f'<g transform="translate({_LEFT + place * 78}, 22)"><line x1="0" y1="0" x2="14" '
+            f'y2="0" stroke="{COLORS[series]}" stroke-width="3"{dash}/><text x="18" y="4" '
+            f'font-size="10" fill="#5b5f66">{series}</text></g>'
+        )
+    return parts
+
+
+def _y_tick(y: float, label: str) -> str:
+    return (
+        f'<line x1="{_LEFT}" y1="{y}" x2="{_LEFT + _PLOT_W}" y2="{y}" stroke="#eef0f4"/>'
+        f'<text x="{_LEFT - 4}" y="{y + 3:.2f}" font-size="9" text-anchor="end" '
+        f'fill="#5b5f66">{label}</text>'
     )
-    top = _nice_ceiling(max((sum(p.outcomes.values()) for p in history.periods), default=1) or 1)
-    slot = _PLOT_W / len(starts)
+
+
+def _x_ticks(labels: list[tuple[str, str]]) -> str:
+    """The first period's time, the middle one's and the latest's (now's)."""
+    slot = _PLOT_W / len(labels)
+    middle = len(labels) // 2
+    ticks = (
+        (_LEFT, labels[0][1], "start"),
+        (_LEFT + slot * (middle + 0.5), labels[middle][1], "middle"),
+        (_LEFT + _PLOT_W, labels[-1][1], "end"),
+    )
+    return "".join(
+        f'<text x="{x:.2f}" y="{HEIGHT - 5}" font-size="9" text-anchor="{anchor}" '
+        f'fill="#5b5f66">{clock}</text>'
+        for x, clock, anchor in ticks
+    )
+
+
+# Each period's name in the attributes, and its time of day, as `lay_out` makes them once.
+Labels = list[tuple[str, str]]
+
+
+def outcomes_chart(index: int, history: KindHistory, labels: Labels) -> Markup:
+    kind = str(escape(history.kind))
+    parts = _frame(index, "outcomes", kind, tuple(OUTCOMES))
+    top = _nice_ceiling(
+        max((p.succeeded + p.failed + p.cancelled for p in history.periods), default=1) or 1
+    )
+    slot = _PLOT_W / len(labels)
     width = max(1.0, slot - 1.0)
-    for index, period in enumerate(history.periods):
+    for place, period in enumerate(history.periods):
         base = 0
         for series in OUTCOMES:
-            value = period.outcomes.get(series, 0)
+            value = period.outcome(series)
             if not value:
                 continue
             y_low = _TOP + _PLOT_H * (1 - base / top)
             y_high = _TOP + _PLOT_H * (1 - (base + value) / top)
-            chart.bars.append(
-                Bar(
-                    x=round(_LEFT + slot * index + 0.5, 2),
-                    y=round(y_high, 2),
-                    width=round(width, 2),
-                    height=round(max(y_low - y_high, 0.5), 2),
-                    series=str(series),
-                    period=period_text(period.start),
-                    value=value,
-                    label=f"{_clock(period.start)} {series} {value}",
-                )
+            name, clock = labels[place]
+            parts.append(
+                f'<rect class="bar" data-series="{series}" data-period="{name}" '
+                f'data-value="{value}" x="{_LEFT + slot * place + 0.5:.2f}" y="{y_high:.2f}" '
+                f'width="{width:.2f}" height="{max(y_low - y_high, 0.5):.2f}" '
+                f'fill="{COLORS[series]}"><title>{clock} {series} {value}</title></rect>'
             )
             base += value
-    chart.y_ticks = [Tick(_TOP + _PLOT_H, "0"), Tick(_TOP, str(top))]
-    chart.x_ticks = _x_ticks(starts)
-    return chart
+    parts += [_y_tick(_TOP + _PLOT_H, "0"), _y_tick(_TOP, str(top)), _x_ticks(labels), "</svg>"]
+    return Markup("".join(parts))  # noqa: S704 - the kind is escaped; the rest is ours
 
 
-def _duration_scale(periods: list[Period], measure: str) -> tuple[float, float]:
-    values = [
-        value
-        for period in periods
-        for value in (getattr(period, f"{measure}_p50"), getattr(period, f"{measure}_p95"))
-        if value is not None
-    ]
-    high = max([1.0, *values])
-    ceiling = next((at for at, _ in _DURATION_TICKS if at >= high), _DURATION_TICKS[-1][0])
-    return math.log10(_FLOOR_SECONDS), math.log10(max(ceiling, high))
-
-
-def duration_chart(history: KindHistory, starts: list[datetime], measure: str) -> Chart:
+def duration_chart(index: int, history: KindHistory, labels: Labels, measure: str) -> Markup:
     """`measure` is `wait` (due time to start) or `run` (start to end)."""
-    chart = Chart(
-        history.kind,
-        measure,
-        "wait (due to start)" if measure == "wait" else "run time",
-        [("p50", COLORS["p50"], False), ("p95", COLORS["p95"], True)],
-    )
-    low, high = _duration_scale(history.periods, measure)
-    slot = _PLOT_W / len(starts)
+    kind = str(escape(history.kind))
+    parts = _frame(index, measure, kind, ("p50", "p95"))
+    series_values = {
+        "p50": [getattr(p, f"{measure}_p50") for p in history.periods],
+        "p95": [getattr(p, f"{measure}_p95") for p in history.periods],
+    }
+    high = max([1.0, *(v for values in series_values.values() for v in values if v is not None)])
+    ceiling = next((at for at, _ in _DURATION_TICKS if at >= high), _DURATION_TICKS[-1][0])
+    low, high = math.log10(_FLOOR_SECONDS), math.log10(max(ceiling, high))
+    scale = _PLOT_H / (high - low)
 
     def y_of(seconds: float) -> float:
-        share = (math.log10(max(seconds, _FLOOR_SECONDS)) - low) / (high - low)
-        return round(_TOP + _PLOT_H * (1 - share), 2)
+        return _TOP + _PLOT_H - (math.log10(max(seconds, _FLOOR_SECONDS)) - low) * scale
 
-    for series, dashed in (("p50", False), ("p95", True)):
+    for at, label in _DURATION_TICKS:
+        if low <= math.log10(at) <= high:
+            parts.append(_y_tick(round(y_of(at), 2), label))
+    slot = _PLOT_W / len(labels)
+    for series, values in series_values.items():
+        color = COLORS[series]
+        dash = ' stroke-dasharray="4 2"' if series in _DASHED else ""
         run: list[str] = []
-        for index, period in enumerate(history.periods):
-            value = getattr(period, f"{measure}_{series}")
+        points: list[str] = []
+        for place, value in enumerate([*values, None]):
             if value is None:
                 if len(run) > 1:
-                    chart.lines.append(Line(series, " ".join(run), dashed))
+                    parts.append(
+                        f'<polyline class="line" data-series="{series}" points="{" ".join(run)}" '
+                        f'fill="none" stroke="{color}" stroke-width="1.5"{dash}/>'
+                    )
                 run = []
                 continue
-            x = round(_LEFT + slot * (index + 0.5), 2)
-            y = y_of(value)
-            run.append(f"{x},{y}")
-            chart.points.append(
-                Point(
-                    x,
-                    y,
-                    series,
-                    period_text(period.start),
-                    value,
-                    f"{_clock(period.start)} {series} {duration_text(value)}",
-                )
+            x, y = _LEFT + slot * (place + 0.5), y_of(value)
+            run.append(f"{x:.2f},{y:.2f}")
+            name, clock = labels[place]
+            points.append(
+                f'<circle class="point" data-series="{series}" data-period="{name}" '
+                f'data-value="{value:.6g}" cx="{x:.2f}" cy="{y:.2f}" r="2" fill="{color}">'
+                f"<title>{clock} {series} {duration_text(value)}</title></circle>"
             )
-        if len(run) > 1:
-            chart.lines.append(Line(series, " ".join(run), dashed))
-    chart.y_ticks = [
-        Tick(y_of(at), label) for at, label in _DURATION_TICKS if low <= math.log10(at) <= high
-    ]
-    chart.x_ticks = _x_ticks(starts)
-    return chart
+        parts += points
+    parts += [_x_ticks(labels), "</svg>"]
+    return Markup("".join(parts))  # noqa: S704 - the kind is escaped; the rest is ours
 
 
 def lay_out(charts: Charts) -> list[KindCharts]:
     """Each kind's three charts."""
+    labels = [(period_text(start), start.strftime("%H:%M")) for start in charts.starts]
     return [
         KindCharts(
             history.kind,
             {str(series): history.total(series) for series in OUTCOMES},
             [
-                outcomes_chart(history, charts.starts),
-                duration_chart(history, charts.starts, "wait"),
-                duration_chart(history, charts.starts, "run"),
+                outcomes_chart(index, history, labels),
+                duration_chart(index, history, labels, "wait"),
+                duration_chart(index, history, labels, "run"),
             ],
         )
-        for history in charts.kinds
+        for index, history in enumerate(charts.kinds)
     ]

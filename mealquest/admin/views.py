@@ -14,13 +14,13 @@ import json
 import logging
 from typing import Any
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError
 
 from mealquest import audit
 from mealquest.admin import actions
-from mealquest.admin.charts import COLORS, lay_out
+from mealquest.admin.charts import lay_out
 from mealquest.admin.guard import (
     csrf_refused,
     current_operator,
@@ -31,7 +31,7 @@ from mealquest.admin.guard import (
     sign_out,
 )
 from mealquest.extensions import get_store
-from mealquest.job_history import Range, read_charts
+from mealquest.job_history import ChartsReader, Range
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
@@ -53,6 +53,7 @@ bp.after_request(security_headers)
 bp.register_error_handler(CSRFError, csrf_refused)
 
 PAGE_SIZE = 50
+CHARTS_KEY = "mealquest.admin.charts"
 # Fields a job's page shows apart, or not at all (decoded result flags).
 _SHOWN_APART = {"payload", "result", "error", "result_undecodable"}
 _MAX_KIND_LENGTH = 200
@@ -99,8 +100,7 @@ def overview() -> ResponseReturnValue:
         unhandled=unhandled,
         chart_range=str(chart_range),
         ranges=[str(name) for name in Range],
-        kind_charts=lay_out(read_charts(get_store(), chart_range)),
-        colors=COLORS,
+        kind_charts=lay_out(charts_reader().read(chart_range)),
     )
 
 
@@ -177,6 +177,16 @@ def _acted(job_id: str, done: actions.Done) -> ResponseReturnValue:
 
 
 # -- helpers --------------------------------------------------------------------
+
+
+def charts_reader() -> ChartsReader:
+    """This process's charts (they keep the periods that can no longer change)."""
+    app = current_app
+    reader = app.extensions.get(CHARTS_KEY)
+    if reader is None:
+        reader = app.extensions[CHARTS_KEY] = ChartsReader(get_store())
+    assert isinstance(reader, ChartsReader)
+    return reader
 
 
 def filters_of(args: Any) -> tuple[dict[str, Any], str | None]:

@@ -416,10 +416,19 @@ class HistoryStatements(Protocol):
         ...
 
     def history(
-        self, conn: Reads, /, *, width: int, periods: int, now: datetime | None = None
+        self,
+        conn: Reads,
+        /,
+        *,
+        width: int,
+        periods: int,
+        since: datetime | None = None,
+        now: datetime | None = None,
     ) -> History:
-        """The counts of the last `periods` periods of `width` minutes (1 or 10),
-        up to the one the database's now (or `now`) is in."""
+        """Each kind's periods among the last `periods` of `width` minutes (1 or
+        10), up to the one the database's now (or `now`) is in, summed, with
+        their percentiles' buckets; only those starting at or after `since`
+        (the caller has the earlier ones)."""
         ...
 
     def duration_bounds(self, conn: Reads, /) -> list[float]:

@@ -24,24 +24,34 @@ class Series(enum.StrEnum):
 NEVER_RAN = -1
 
 
-@dataclass(frozen=True)
-class HistoryCount:
-    """How many events of a kind and series fell in one period (`period`, its
-    start, UTC; `width` minutes long) and one duration bucket."""
+@dataclass(frozen=True, slots=True)
+class HistoryPeriod:
+    """One kind's period (`period`, its start, UTC): attempts that ended each
+    way, jobs that started, and the duration buckets holding the p50 and p95
+    of their waits and of their run times (None: none started, or none ran to
+    an end). A percentile's bucket is the smallest in which at least that
+    share of the period's durations fall (the nearest rank)."""
 
     period: datetime
     kind: str
-    series: str
-    bucket: int
-    count: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    started: int
+    wait_p50: int | None
+    wait_p95: int | None
+    run_p50: int | None
+    run_p95: int | None
 
 
 @dataclass(frozen=True)
 class History:
-    """The counts of the last `periods` periods of `width` minutes, the latest
-    (the one now is in) starting at `last_period`."""
+    """The last `periods` periods of `width` minutes, the latest (the one `now`,
+    the database's, is in) starting at `last_period`; only the kinds and
+    periods with events (and only those asked for)."""
 
     width: int
     periods: int
     last_period: datetime
-    counts: list[HistoryCount]
+    rows: list[HistoryPeriod]
+    now: datetime

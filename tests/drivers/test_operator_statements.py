@@ -5,12 +5,13 @@ charts read, and the bulk actions' batches."""
 
 from __future__ import annotations
 
+import math
+import random
 import uuid
 from datetime import timedelta
 
 import pytest
 
-from mealquest.model.history import NEVER_RAN, Series
 from mealquest.model.households import HouseholdErased, UnknownHousehold
 from mealquest.model.jobs import Lease, NewJob, OnInterrupt, Status, Transition
 from mealquest.model.operations import BulkAction, JobFilter
@@ -246,18 +247,22 @@ def test_audit_entries_are_listed_newest_first_counted_up_and_deleted_oldest_fir
 
 
 def history(store, width=1, periods=5):
+    """The history read, checked to lie in its periods; totals by kind."""
     store.write(store.history.fold_history)
     found = store.read(store.history.history, width=width, periods=periods)
-    totals: dict[tuple[str, str, int], int] = {}
-    for row in found.counts:
+    totals: dict[str, dict[str, int]] = {}
+    for row in found.rows:
         assert found.last_period - timedelta(minutes=width * (periods - 1)) <= row.period
         assert row.period <= found.last_period
-        key = (row.kind, row.series, row.bucket)
-        totals[key] = totals.get(key, 0) + row.count
+        kind = totals.setdefault(
+            row.kind, {"succeeded": 0, "failed": 0, "cancelled": 0, "started": 0}
+        )
+        for name in kind:
+            kind[name] += getattr(row, name)
     return found, totals
 
 
-def test_starts_and_ends_are_counted_by_kind_series_and_duration_bucket(store, household):
+def test_starts_and_ends_are_counted_by_kind_with_their_percentiles_buckets(store, household):
     for _ in range(3):
         enqueue(store, household)
     cancelled = enqueue(store, household, kind="other")
@@ -274,28 +279,86 @@ def test_starts_and_ends_are_counted_by_kind_series_and_duration_bucket(store, h
         found, totals = history(store, width)
         assert found.width == width
         assert found.last_period.minute % width == 0
-        by_series: dict[tuple[str, str], int] = {}
-        for (kind, series, bucket), n in totals.items():
-            by_series[kind, series] = by_series.get((kind, series), 0) + n
-            # These jobs waited and ran for well under a minute.
-            assert bucket == NEVER_RAN or 0 <= bucket < 27
-        assert by_series == {
-            ("succeed", Series.WAIT): 3,
-            ("succeed", Series.SUCCEEDED): 2,
-            ("succeed", Series.FAILED): 1,
-            ("other", Series.CANCELLED): 1,
+        assert totals == {
+            "succeed": {"succeeded": 2, "failed": 1, "cancelled": 0, "started": 3},
+            "other": {"succeeded": 0, "failed": 0, "cancelled": 1, "started": 0},
         }
-        assert totals[("other", Series.CANCELLED, NEVER_RAN)] == 1
+        for row in found.rows:
+            if row.kind == "other":  # never ran: no durations
+                assert row.wait_p50 is row.run_p95 is None
+            elif row.started:
+                # These jobs waited and ran for well under a minute.
+                assert 0 <= row.wait_p50 <= row.wait_p95 < 27
 
 
-def test_a_retried_attempt_counts_its_run_as_retried(store, household):
+def test_a_retried_attempt_counts_its_run_but_no_outcome(store, household):
     enqueue(store, household)
     [job] = claim(store)
     change = Transition(Lease(job.id, job.lease_owner, job.attempt), to=Status.QUEUED)
     assert store.write(store.jobs.transition, change)
 
-    _, totals = history(store)
-    assert sum(n for (kind, series, _), n in totals.items() if series == Series.RETRIED) == 1
+    found, totals = history(store)
+    assert totals["succeed"] == {"succeeded": 0, "failed": 0, "cancelled": 0, "started": 1}
+    assert [row.run_p50 is not None for row in found.rows] == [True]
+
+
+def nearest_rank_bucket(histogram: dict[int, int], share: float) -> int | None:
+    """The oracle: the smallest bucket holding the nearest-rank percentile."""
+    total = sum(histogram.values())
+    if not total:
+        return None
+    rank, seen = max(1, math.ceil(share * total)), 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= rank:
+            return bucket
+    raise AssertionError("unreachable")
+
+
+def test_the_percentiles_buckets_are_the_nearest_rank_ones(store):
+    chosen = random.Random(11)
+    now = db_now(store)
+    minute = now.replace(second=0, microsecond=0)
+    period = minute if store.name == "postgresql" else minute.strftime("%Y-%m-%dT%H:%M")
+    expected = {}
+    rows = []
+    for kind_index in range(30):
+        kind = f"kind{kind_index}"
+        waits = {b: chosen.randint(1, 20) for b in chosen.sample(range(48), chosen.randint(1, 6))}
+        runs = {
+            (series, b): chosen.randint(1, 20)
+            for series in ("succeeded", "failed", "retried")
+            for b in chosen.sample(range(48), chosen.randint(0, 3))
+        }
+        ran: dict[int, int] = {}
+        for (_series, bucket), n in runs.items():
+            ran[bucket] = ran.get(bucket, 0) + n
+        expected[kind] = (
+            nearest_rank_bucket(waits, 0.5),
+            nearest_rank_bucket(waits, 0.95),
+            nearest_rank_bucket(ran, 0.5),
+            nearest_rank_bucket(ran, 0.95),
+        )
+        rows += [(1, period, kind, "wait", b, n) for b, n in waits.items()]
+        rows += [(1, period, kind, series, b, n) for (series, b), n in runs.items()]
+        rows.append((1, period, kind, "cancelled", -1, 1))
+    marks = ", ".join(["%s" if store.name == "postgresql" else "?"] * 6)
+    store.write(
+        lambda tx: [
+            tx.execute(
+                f"INSERT INTO job_history (width, period, kind, series, bucket, count) "
+                f"VALUES ({marks})",
+                row,
+            )
+            for row in rows
+        ]
+    )
+
+    found = store.read(store.history.history, width=1, periods=1, now=now)
+    assert {
+        row.kind: (row.wait_p50, row.wait_p95, row.run_p50, row.run_p95) for row in found.rows
+    } == expected
+    assert all(row.cancelled == 1 for row in found.rows)
 
 
 def test_history_older_than_asked_is_deleted_in_batches(store, household):
@@ -320,7 +383,7 @@ def test_history_older_than_asked_is_deleted_in_batches(store, household):
     _, minutes = history(store, width=1)
     _, tens = history(store, width=10)
     assert minutes == {}
-    assert sum(tens.values()) == 4
+    assert tens == {"succeed": {"succeeded": 2, "failed": 0, "cancelled": 0, "started": 2}}
 
 
 # -- bulk actions --------------------------------------------------------------------------------

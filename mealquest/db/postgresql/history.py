@@ -6,15 +6,17 @@ outcomes never wait on each other for it); `job_history_fold()` moves them
 into `job_history`, per minute and per ten minutes, one transaction at a
 time. A chart folds first (`fold_history`), then reads the folded rows and
 the changes not yet folded in one statement, so it never misses an event a
-concurrent fold holds. Times are the database's.
+concurrent fold holds, and gets one row per kind and period. Times are the
+database's.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from mealquest.db.driver import Reads, Transaction
-from mealquest.model.history import History, HistoryCount
+from mealquest.db.history_summary import SUMMARY
+from mealquest.model.history import History, HistoryPeriod
 
 WIDTHS = (1, 10)
 # The origin periods are counted from (any whole hour keeps ten-minute periods on the clock's).
@@ -28,36 +30,53 @@ def fold_history(tx: Transaction) -> None:
     tx.execute("SELECT job_history_fold()")
 
 
-def history(conn: Reads, *, width: int, periods: int, now: datetime | None = None) -> History:
-    """The counts of the last `periods` periods of `width` minutes: the folded
-    rows by the primary key's range, plus the changes not yet folded."""
+def history(
+    conn: Reads,
+    *,
+    width: int,
+    periods: int,
+    since: datetime | None = None,
+    now: datetime | None = None,
+) -> History:
+    """Each kind's periods among the last `periods` of `width` minutes (from
+    `since`, if later): the folded rows by the primary key's range plus the
+    changes not yet folded, summed and their percentiles found in one
+    statement (`mealquest.db.history_summary`)."""
     if width not in WIDTHS or periods < 1:
         raise ValueError("width must be 1 or 10 and periods at least 1")
-    bin_now = f"date_bin(make_interval(mins => %(width)s), {_NOW}, {_ORIGIN})"
+    clock = conn.execute(
+        f"SELECT {_NOW} AS now, date_bin(make_interval(mins => %(width)s), {_NOW}, {_ORIGIN}) "
+        "AS last",
+        {"width": width, "now": now},
+    ).fetchone()
+    last: datetime = clock["last"]
+    first = last - timedelta(minutes=width * (periods - 1))
+    if since is not None:
+        first = max(first, since)
     rows = conn.execute(
-        f"WITH bounds AS MATERIALIZED (SELECT {bin_now} AS last, "
-        f"{bin_now} - make_interval(mins => %(width)s * (%(periods)s - 1)) AS first) "
-        "SELECT period, kind, series, bucket, sum(count)::bigint AS count, "
-        "(SELECT last FROM bounds) AS last FROM ("
-        "SELECT h.period, h.kind, h.series, h.bucket, h.count FROM job_history AS h, bounds AS b "
-        "WHERE h.width = %(width)s AND h.period >= b.first AND h.period <= b.last "
-        "UNION ALL SELECT date_bin(make_interval(mins => %(width)s), c.moment, "
-        f"{_ORIGIN}), c.kind, c.series, c.bucket, 1 FROM job_history_changes AS c) AS all_rows "
-        "WHERE period >= (SELECT first FROM bounds) AND period <= (SELECT last FROM bounds) "
-        "GROUP BY period, kind, series, bucket",
-        {"width": width, "periods": periods, "now": now},
+        "WITH h AS (SELECT period, kind, series, bucket, count FROM job_history "
+        "WHERE width = %(width)s AND period >= %(first)s AND period <= %(last)s "
+        "UNION ALL SELECT * FROM (SELECT date_bin(make_interval(mins => %(width)s), moment, "
+        f"{_ORIGIN}) AS period, kind, series, bucket, 1 AS count FROM job_history_changes) AS c "
+        f"WHERE period >= %(first)s AND period <= %(last)s), {SUMMARY}",
+        {"width": width, "first": first, "last": last},
     ).fetchall()
-    if rows:
-        last = rows[0]["last"]
-    else:
-        last = conn.execute(f"SELECT {bin_now} AS last", {"width": width, "now": now}).fetchone()[
-            "last"
-        ]
-    counts = [
-        HistoryCount(row["period"], row["kind"], row["series"], row["bucket"], int(row["count"]))
+    summed = [
+        HistoryPeriod(
+            row["period"],
+            row["kind"],
+            int(row["succeeded"]),
+            int(row["failed"]),
+            int(row["cancelled"]),
+            int(row["started"]),
+            row["wait_p50"],
+            row["wait_p95"],
+            row["run_p50"],
+            row["run_p95"],
+        )
         for row in rows
     ]
-    return History(width, periods, last, counts)
+    return History(width, periods, last, summed, clock["now"])
 
 
 def duration_bounds(conn: Reads) -> list[float]:

@@ -3,8 +3,8 @@
 The triggers of the migration count each start and each end of an attempt
 into `job_history` in the transaction that moves the job, per minute and
 per ten minutes, so reading a chart reads a few rows per kind and period,
-never the jobs. Periods are stored as 'YYYY-MM-DDTHH:MM' (UTC), the first
-minute of the period.
+never the jobs, and answers one row per kind and period. Periods are stored
+as 'YYYY-MM-DDTHH:MM' (UTC), the first minute of the period.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.history_summary import SUMMARY
 from mealquest.db.sqlite.periodic import current_time
-from mealquest.model.history import History, HistoryCount
+from mealquest.model.history import History, HistoryPeriod
 
 WIDTHS = (1, 10)
 
@@ -32,26 +33,38 @@ def _period_text(start: datetime) -> str:
     return start.strftime("%Y-%m-%dT%H:%M")
 
 
-def history(conn: Reads, *, width: int, periods: int, now: datetime | None = None) -> History:
-    """The counts of the last `periods` periods of `width` minutes, by the
-    primary key's range: one row per kind, period, series and bucket used."""
+def history(
+    conn: Reads,
+    *,
+    width: int,
+    periods: int,
+    since: datetime | None = None,
+    now: datetime | None = None,
+) -> History:
+    """Each kind's periods among the last `periods` of `width` minutes (from
+    `since`, if later), summed and their percentiles found in one statement
+    (`mealquest.db.history_summary`) over the rows the primary key's range
+    holds."""
     if width not in WIDTHS or periods < 1:
         raise ValueError("width must be 1 or 10 and periods at least 1")
-    last = _period_start(current_time(conn, now), width)
+    moment = current_time(conn, now)
+    last = _period_start(moment, width)
     first = last - timedelta(minutes=width * (periods - 1))
+    if since is not None:
+        first = max(first, since)
     rows = conn.execute(
-        "SELECT period, kind, series, bucket, count FROM job_history "
-        "WHERE width = ? AND period >= ? AND period <= ?",
+        "WITH h AS (SELECT period, kind, series, bucket, count FROM job_history "
+        f"WHERE width = ? AND period >= ? AND period <= ?), {SUMMARY}",
         (width, _period_text(first), _period_text(last)),
     ).fetchall()
     starts: dict[str, datetime] = {}
-    counts = []
-    for period, kind, series, bucket, count in rows:
+    summed = []
+    for period, *rest in rows:
         start = starts.get(period)
         if start is None:
             start = starts[period] = datetime.fromisoformat(period).replace(tzinfo=UTC)
-        counts.append(HistoryCount(start, kind, series, bucket, count))
-    return History(width, periods, last, counts)
+        summed.append(HistoryPeriod(start, *rest))
+    return History(width, periods, last, summed, moment)
 
 
 def duration_bounds(conn: Reads) -> list[float]:
