@@ -4,8 +4,8 @@ First a preview counts what the action would take (each status it applies
 to, through an index, up to `MAX_COUNTED`) and notes the newest job's `seq`:
 the action then takes only jobs up to that one, so jobs that arrive between
 the confirmation and the action are left alone. The action runs in batches
-of `BATCH_SIZE`, each one short transaction (SQLite's write lock is held a
-few milliseconds: `python -m bench.bulk`), other writes going between
+of `BATCH_SIZE`, each one short transaction (SQLite's write lock is held
+tens of milliseconds at most: `python -m bench.bulk`), other writes going between
 batches, and stops at a batch's end once `seconds` have passed, saying so
 (a page's request must end; running it again takes the rest). It is
 recorded in the audit log before its first batch, and each batch counts its
