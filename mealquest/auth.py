@@ -1,4 +1,10 @@
-"""Bearer-token authentication for everything under /api/v1."""
+"""Bearer-token authentication for everything under /api/v1.
+
+A live token of a suspended household is refused with `403
+household_suspended` (a 401 would tell a client to get a new token, which
+would not help): the token check reads the household's state in the same
+statement, so a suspension shows on the very next request.
+"""
 
 from __future__ import annotations
 
@@ -39,9 +45,18 @@ def require_token() -> ResponseReturnValue | None:
     household = token_auth.authenticate(auth, token_auth.get_auth_password(auth))
     if not isinstance(household, Household):
         return token_auth.auth_error_callback(401)
+    if household.suspended:
+        return refuse_suspended()
     # Where `login_required` keeps the user for `token_auth.current_user()`.
     g.flask_httpauth_user = household
     return None
+
+
+def refuse_suspended() -> tuple[Response, int]:
+    """403 `household_suspended`: an operator suspended the token's household."""
+    return error_response(
+        403, "household_suspended", "the household is suspended; ask the service's operators"
+    )
 
 
 def bearer_token() -> str:

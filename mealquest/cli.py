@@ -17,8 +17,10 @@ from mealquest.db import database_errors, migrations
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreError
 from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
 from mealquest.model.households import HouseholdError
 from mealquest.model.operators import OperatorError
+from mealquest.operator_actions import erasure, suspension
 
 db_cli = AppGroup("db", help="Database migrations.")
 households_cli = AppGroup("households", help="Households.")
@@ -110,7 +112,78 @@ def households_list() -> None:
     except StoreError as error:
         raise _fail(error) from None
     for household, tokens in listed:
-        click.echo(f"{household.id}  {household.name}  tokens={tokens}")
+        state = "  suspended" if household.suspended else ""
+        click.echo(f"{household.id}  {household.name}  tokens={tokens}{state}")
+
+
+@households_cli.command("suspend")
+@click.argument("household_id", type=int)
+def households_suspend(household_id: int) -> None:
+    """Suspend a household: its requests are refused (403 household_suspended)
+    and its queued jobs wait until it is resumed; running ones finish."""
+    try:
+        changed = suspension.suspend(_migrated_store(), household_id, None)
+    except (HouseholdError, StoreError) as error:
+        raise _fail(error) from None
+    click.echo(f"household {household_id} {'suspended' if changed else 'was already suspended'}")
+
+
+@households_cli.command("resume")
+@click.argument("household_id", type=int)
+def households_resume(household_id: int) -> None:
+    """Lift a household's suspension."""
+    try:
+        changed = suspension.resume(_migrated_store(), household_id, None)
+    except (HouseholdError, StoreError) as error:
+        raise _fail(error) from None
+    click.echo(f"household {household_id} {'resumed' if changed else 'was not suspended'}")
+
+
+def _default_erase_wait() -> float:
+    """Long enough for a cancelled job of a process that died to be rescued:
+    a lease, then a rescue."""
+    settings = get_jobs().settings
+    return settings.lease_seconds + settings.rescue_seconds
+
+
+@households_cli.command("erase")
+@click.argument("household_id", type=int)
+@click.option("--yes", is_flag=True, help="Really erase: there is no undo.")
+@click.option(
+    "--wait",
+    "wait_seconds",
+    type=click.FloatRange(0, 3600),
+    default=None,
+    help="Seconds to wait for its running jobs to end once cancelled "
+    "(default: a lease and a rescue interval).",
+)
+def households_erase(household_id: int, yes: bool, wait_seconds: float | None) -> None:
+    """Erase a household for good: its running jobs cancelled, then its tokens,
+    jobs (with their idempotency keys) and recipes deleted in batches; only its
+    id stays. Prints what was deleted, as JSON."""
+    if not yes:
+        raise click.ClickException(
+            f"erasing household {household_id} deletes its tokens, jobs and recipes for good: "
+            "add --yes to do it"
+        )
+    store = _migrated_store()
+    try:
+        done = erasure.erase(
+            store,
+            get_jobs(),
+            household_id,
+            None,
+            wait_seconds=_default_erase_wait() if wait_seconds is None else wait_seconds,
+        )
+    except (HouseholdError, StoreError) as error:
+        raise _fail(error) from None
+    click.echo(json.dumps(done.__dict__))
+    if done.still_running:
+        click.echo(
+            f"{done.still_running} jobs were still running: they end cancelled, and the hourly "
+            "prune job (or erasing again) deletes them",
+            err=True,
+        )
 
 
 @tokens_cli.command("create")

@@ -13,7 +13,13 @@ import secrets
 from dataclasses import dataclass
 
 from mealquest.db.driver import Store
-from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, Household, HouseholdError
+from mealquest.model.households import (
+    SYSTEM_HOUSEHOLD_ID,
+    Household,
+    HouseholdError,
+    HouseholdFigures,
+    HouseholdState,
+)
 from mealquest.storable import name_problem
 
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
@@ -86,3 +92,30 @@ def household_for_token(store: Store, token: str) -> Household | None:
     if digest is None:
         return None
     return store.read(store.households.household_for_token_digest, digest)
+
+
+# A household's final jobs are counted among this many of its latest (a
+# page of households must not walk their whole histories).
+RECENT_JOBS_COUNTED = 500
+
+
+def get_household(store: Store, household_id: int) -> HouseholdState | None:
+    return store.read(store.households.get_household, household_id)
+
+
+def household_figures(
+    store: Store,
+    *,
+    after_id: int | None = None,
+    limit: int = 50,
+    household_id: int | None = None,
+) -> list[HouseholdFigures]:
+    """Households by id with their jobs by status and quota use (see
+    `HouseholdFigures`): a page after `after_id`, or the one `household_id`."""
+    return store.read(
+        store.households.household_figures,
+        after_id=after_id,
+        limit=limit,
+        recent=RECENT_JOBS_COUNTED,
+        household_id=household_id,
+    )

@@ -6,8 +6,9 @@ objects it loads and dumps with, so the document and the code cannot drift.
 rule whose view has no declaration, and a test fails while one exists.
 Error answers all reference one envelope schema; which statuses an operation
 can answer follows from what it declares (a path parameter can miss: 404; a
-query or body can be invalid: 400; under /api/v1: 401, and 503 when the
-database stays locked; any: 414 for a URI over the app's limit).
+query or body can be invalid: 400; under /api/v1: 401, 403 for a suspended
+household, and 503 when the database stays locked; any: 414 for a URI over
+the app's limit).
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ ERROR_CODES = (
     "internal",
     "conflict",
     "idempotency_key_reused",
+    "household_suspended",
 )
 
 _ERROR_DESCRIPTIONS = {
     400: "the request is not valid: `validation_error`, with `fields` naming each bad field",
     401: "no valid bearer token: `unauthorized`",
+    403: "an operator suspended the token's household: `household_suspended`",
     404: "`not_found`",
     413: "the request body is too large: `payload_too_large`",
     414: "the path and query are longer than the service accepts: `uri_too_long`",
@@ -112,7 +115,7 @@ class Operation:
     def error_statuses(self) -> list[int]:
         statuses = set(self.errors) | {414}
         if self.authenticated:
-            statuses |= {401, 503}
+            statuses |= {401, 403, 503}
         if self.path is not None:
             statuses.add(404)
         if self.query is not None or self.body is not None or self.headers:

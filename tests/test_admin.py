@@ -98,7 +98,16 @@ def force_failed(store, job_id):
 
 def routes(job_id):
     pages = ["/admin/", "/admin/jobs", f"/admin/jobs/{job_id}", "/admin/static/refresh.js"]
+    pages += [
+        "/admin/?range=day",
+        "/admin/households",
+        "/admin/households/1/erase",
+        "/admin/audit",
+        "/admin/jobs/bulk?action=retry&status=failed",
+    ]
     posts = [f"/admin/jobs/{job_id}/{action}" for action in ("retry", "cancel", "delete")]
+    posts += ["/admin/jobs/bulk"]
+    posts += [f"/admin/households/1/{action}" for action in ("suspend", "resume", "erase")]
     return pages, [*posts, "/admin/kinds/pause", "/admin/kinds/resume", "/admin/sign-out"]
 
 

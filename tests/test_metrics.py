@@ -5,6 +5,8 @@ databases. (Counting across gunicorn workers: tests/serving/test_metrics_gunicor
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import gevent
 import pytest
 import requests
@@ -26,6 +28,7 @@ NAMES = {
     "mealquest_job_oldest_due_age_seconds",
     "mealquest_job_runs",
     "mealquest_job_run_duration_seconds",
+    "mealquest_job_wait_seconds",
     "mealquest_job_rescues",
     "mealquest_http_requests",
     "mealquest_http_request_duration_seconds",
@@ -110,12 +113,14 @@ def test_metrics_has_exactly_the_documented_names_and_labels(
         "mealquest_job_oldest_due_age_seconds": {"kind"},
         "mealquest_job_runs": {"kind", "outcome"},
         "mealquest_job_run_duration_seconds": {"kind"},
+        "mealquest_job_wait_seconds": {"kind"},
         "mealquest_job_rescues": set(),
         "mealquest_http_requests": {"route", "method", "status"},
         "mealquest_http_request_duration_seconds": {"route"},
         "mealquest_kind_paused": {"kind"},
     }
     assert families["mealquest_job_run_duration_seconds"].type == "histogram"
+    assert families["mealquest_job_wait_seconds"].type == "histogram"
     assert families["mealquest_http_request_duration_seconds"].type == "histogram"
     assert families["mealquest_jobs"].type == "gauge"
     assert value(text, "mealquest_jobs", kind="succeed", status="succeeded") == 1
@@ -154,6 +159,36 @@ def test_the_runner_counts_each_outcome_and_times_each_run(client, jobs, househo
     duration = "mealquest_job_run_duration_seconds_count"
     assert delta(duration, kind="succeed") == 1
     assert delta(duration, kind="flaky") == 2
+    # Each start waited, the retry's too.
+    waits = "mealquest_job_wait_seconds_count"
+    assert delta(waits, kind="succeed") == 1
+    assert delta(waits, kind="flaky") == 2
+
+
+def test_a_jobs_wait_counts_from_its_due_time_to_its_start(client, jobs, household, operator):
+    before = scrape(client, operator)
+    due = datetime.now(UTC) - timedelta(seconds=100)
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id, run_at=due)
+    jobs.start_pool()
+    wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED)
+    after = wait_for(
+        lambda: (
+            (text := scrape(client, operator))
+            and value(text, "mealquest_job_wait_seconds_count", kind="succeed")
+            > value(before, "mealquest_job_wait_seconds_count", kind="succeed")
+            and text
+        )
+    )
+
+    def delta(le):
+        name = "mealquest_job_wait_seconds_bucket"
+        return value(after, name, kind="succeed", le=le) - value(
+            before, name, kind="succeed", le=le
+        )
+
+    # It had been due for 100 s (and more, by the time it started).
+    assert (delta("60.0"), delta("120.0")) == (0, 1)
+    assert value(after, "mealquest_job_wait_seconds_sum", kind="succeed") >= 100
 
 
 def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(

@@ -141,9 +141,13 @@ def test_legacy_jobs_are_mapped_to_the_new_statuses(legacy_db):
         assert [tuple(r) for r in conn.execute("SELECT * FROM api_tokens ORDER BY id")] == (
             before_tokens
         )
-        # Every household kept; a later migration adds the system household (id 0).
+        # Every household kept; a later migration adds the system household (id 0),
+        # and later ones columns of their own.
         assert [
-            tuple(r) for r in conn.execute("SELECT * FROM households WHERE id <> 0 ORDER BY id")
+            tuple(r)
+            for r in conn.execute(
+                "SELECT id, name, created_at FROM households WHERE id <> 0 ORDER BY id"
+            )
         ] == before_households
         # The legacy status index went with the old table; the new ones exist.
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
@@ -814,6 +818,9 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(tmp_path):
         "jobs_queue_enter",
         "jobs_queue_leave",
         "jobs_queue_delete",
+        "job_history_started",
+        "job_history_ended",
+        "job_history_cancelled_queued",
     }
     indexes = {name for kind, name in names if kind == "index"}
     assert indexes >= {"jobs_claim", "jobs_running", "jobs_household_queued", "jobs_finished"}

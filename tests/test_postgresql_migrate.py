@@ -180,6 +180,7 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(empty_url):
         "jobs_queue_insert",
         "jobs_queue_update",
         "jobs_queue_delete",
+        "job_history_update",
     }
     assert indexes >= {"jobs_claim", "jobs_finished"}
 

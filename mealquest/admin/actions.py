@@ -1,9 +1,9 @@
 """What an operator can do from the dashboard: retry, delete or cancel a job;
 pause or resume a kind.
 
-Each is one fenced write (it acts only on a job in a state that allows it)
-and is logged with the operator's id and the job's id (or the kind), never
-a payload.
+Each is one fenced write (it acts only on a job in a state that allows it),
+logged with the operator's id and the job's id (or the kind), never its
+payload, and recorded in the audit log with how many jobs it changed (0: refused).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 
+from mealquest import audit
 from mealquest.extensions import get_store
 from mealquest.jobs import flow
 from mealquest.jobs.errors import UnknownKind
@@ -37,6 +38,7 @@ class Done(enum.Enum):
 
 
 def _log(operator: Operator, action: str, job_id: str, done: Done) -> None:
+    audit.record(get_store(), operator, action, f"job {job_id}", int(done is not Done.REFUSED))
     logger.info(
         "operator %d: %s the job: %s",
         operator.id,

@@ -15,11 +15,22 @@ import json
 import logging
 from typing import Any
 
-from flask import Blueprint, flash, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError
 
+from mealquest import audit
 from mealquest.admin import actions
+from mealquest.admin.charts import lay_out
 from mealquest.admin.guard import (
     SESSION_ID_KEY,
     csrf_refused,
@@ -33,12 +44,14 @@ from mealquest.admin.guard import (
 from mealquest.admin.job_stream import job_stream
 from mealquest.admin.waiting import why_waiting
 from mealquest.extensions import get_store
+from mealquest.job_history import ChartsReader, Range
 from mealquest.jobs import flow
 from mealquest.jobs.live import get_live
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
 from mealquest.model.jobs import FINAL_STATUSES, Job, Status
+from mealquest.model.operations import BulkAction
 from mealquest.operators import operator_for_token
 
 logger = logging.getLogger(__name__)
@@ -55,6 +68,7 @@ bp.after_request(security_headers)
 bp.register_error_handler(CSRFError, csrf_refused)
 
 PAGE_SIZE = 50
+CHARTS_KEY = "mealquest.admin.charts"
 # Fields a job's page shows apart, or not at all (decoded result flags).
 _SHOWN_APART = {"payload", "result", "error", "result_undecodable"}
 _MAX_KIND_LENGTH = 200
@@ -69,6 +83,7 @@ def sign_in_form() -> ResponseReturnValue:
             logger.warning("dashboard sign-in refused (not a live operator token)")
             return render_template("admin/sign_in.html", failed=True), 401
         sign_in(operator)
+        audit.record(get_store(), operator, "sign-in", "dashboard")
         logger.info("operator %d signed in to the dashboard", operator.id)
         return redirect(url_for("admin.overview"), code=303)
     return render_template("admin/sign_in.html", failed=False)
@@ -76,6 +91,7 @@ def sign_in_form() -> ResponseReturnValue:
 
 @bp.post("/sign-out", endpoint="sign_out")
 def sign_out_form() -> ResponseReturnValue:
+    audit.record(get_store(), current_operator(), "sign-out", "dashboard")
     sign_out()
     return redirect(url_for("admin.sign_in"), code=303)
 
@@ -92,6 +108,7 @@ def overview() -> ResponseReturnValue:
     # Read now, not with the cached figures: a pause shows on the page it
     # redirects to.
     paused = {entry.kind: entry for entry in flow.paused(get_store())}
+    chart_range = Range.DAY if request.args.get("range") == Range.DAY else Range.HOUR
     return render_template(
         "admin/overview.html",
         figures=figures,
@@ -102,6 +119,9 @@ def overview() -> ResponseReturnValue:
         paused=paused,
         kinds=sorted(handled | set(paused)),
         processes=get_live().standings.live_processes(),
+        chart_range=str(chart_range),
+        ranges=[str(name) for name in Range],
+        kind_charts=lay_out(charts_reader().read(chart_range)),
     )
 
 
@@ -129,13 +149,13 @@ def _kind_acted(kind: str, done: actions.Done) -> ResponseReturnValue:
 
 @bp.get("/jobs")
 def jobs() -> ResponseReturnValue:
-    filters, problem = _filters(request.args)
+    filters, problem = filters_of(request.args)
     listed: list[Job] = []
     if problem is None:
         listed = get_jobs().list_jobs(**filters, limit=PAGE_SIZE)
     older = None
     if len(listed) == PAGE_SIZE:
-        older = url_for("admin.jobs", **_query(request.args, before=listed[-1].seq))
+        older = url_for("admin.jobs", **query_of(request.args, before=listed[-1].seq))
     return render_template(
         "admin/jobs.html",
         jobs=[_row(job) for job in listed],
@@ -144,7 +164,9 @@ def jobs() -> ResponseReturnValue:
         args=request.args,
         problem=problem,
         older=older,
-        newest=url_for("admin.jobs", **_query(request.args, before=None)),
+        newest=url_for("admin.jobs", **query_of(request.args, before=None)),
+        bulk_actions=[str(action) for action in BulkAction],
+        filter_query=query_of(request.args),
     ), (400 if problem else 200)
 
 
@@ -217,7 +239,17 @@ def _acted(job_id: str, done: actions.Done) -> ResponseReturnValue:
 # -- helpers --------------------------------------------------------------------
 
 
-def _filters(args: Any) -> tuple[dict[str, Any], str | None]:
+def charts_reader() -> ChartsReader:
+    """This process's charts (they keep the periods that can no longer change)."""
+    app = current_app
+    reader = app.extensions.get(CHARTS_KEY)
+    if reader is None:
+        reader = app.extensions[CHARTS_KEY] = ChartsReader(get_store())
+    assert isinstance(reader, ChartsReader)
+    return reader
+
+
+def filters_of(args: Any) -> tuple[dict[str, Any], str | None]:
     """The list's filters from the query, or why they cannot be used."""
     filters: dict[str, Any] = {}
     status = args.get("status", "")
@@ -239,7 +271,7 @@ def _filters(args: Any) -> tuple[dict[str, Any], str | None]:
     return filters, None
 
 
-def _query(args: Any, **changes: Any) -> dict[str, Any]:
+def query_of(args: Any, **changes: Any) -> dict[str, Any]:
     query = {key: args.get(key) for key in ("status", "kind", "household") if args.get(key)}
     query.update({key: value for key, value in changes.items() if value is not None})
     return query

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
-from mealquest.model.households import Household
+from mealquest.model.audit import AuditEntry
+from mealquest.model.history import History
+from mealquest.model.households import Household, HouseholdFigures, HouseholdState
 from mealquest.model.jobs import (
     ClaimRequest,
     HeldLease,
@@ -36,6 +38,7 @@ from mealquest.model.jobs import (
     Status,
     Transition,
 )
+from mealquest.model.operations import BulkAction, BulkBatch, JobFilter
 from mealquest.model.operators import Operator, OperatorListing
 from mealquest.model.processes import ProcessEntry
 from mealquest.model.queue import QueueFigures, Standing
@@ -241,6 +244,14 @@ class JobStatements(Protocol):
     def kind_run_seconds(self, conn: Reads, kind: str, /) -> float | None:
         """The mean run time in seconds of the kind's latest finished jobs (None
         without any)."""
+
+    def running_job_ids(self, conn: Reads, household_id: int, /) -> list[str]:
+        """The ids of the household's running jobs."""
+        ...
+
+    def delete_household_jobs(self, tx: Transaction, household_id: int, /, *, limit: int) -> int:
+        """Delete up to `limit` of the household's jobs that are not running (its
+        idempotency keys go with them); how many were."""
         ...
 
 
@@ -268,7 +279,50 @@ class HouseholdStatements(Protocol):
         ...
 
     def household_for_token_digest(self, conn: Reads, token_sha256: str, /) -> Household | None:
-        """The household of a live token, by its digest."""
+        """The household of a live token, by its digest (`suspended` says whether
+        its requests are to be refused)."""
+        ...
+
+    def get_household(self, conn: Reads, household_id: int, /) -> HouseholdState | None: ...
+
+    def suspend_household(self, tx: Transaction, household_id: int, /) -> bool:
+        """Suspend a household (its requests refused, its queued jobs left out of
+        every claim); False if it already was. `UnknownHousehold`,
+        `HouseholdErased` otherwise."""
+        ...
+
+    def resume_household(self, tx: Transaction, household_id: int, /) -> bool:
+        """Lift a suspension; False if there was none. `UnknownHousehold`,
+        `HouseholdErased` otherwise."""
+        ...
+
+    def mark_erased(self, tx: Transaction, household_id: int, /, *, name: str) -> None:
+        """Make the household a tombstone: erased (and suspended) now, its name
+        replaced by `name`; an erased one stays as it is. `UnknownHousehold`."""
+        ...
+
+    def delete_tokens(self, tx: Transaction, household_id: int, /, *, limit: int) -> int:
+        """Delete up to `limit` of the household's tokens, live or revoked; how many were."""
+        ...
+
+    def household_figures(
+        self,
+        conn: Reads,
+        /,
+        *,
+        after_id: int | None,
+        limit: int,
+        recent: int,
+        household_id: int | None = None,
+    ) -> list[HouseholdFigures]:
+        """Households by id (after `after_id`; or the one `household_id`), each
+        with its queued and running jobs, its final ones among its latest
+        `recent` jobs, and its live tokens."""
+        ...
+
+    def erased_with_rows(self, conn: Reads, /, *, limit: int) -> list[int]:
+        """Erased households that still have jobs or recipes (an erasure that
+        running jobs held up), up to `limit`."""
         ...
 
     def live_token_digests(self, conn: Reads, digests: Collection[str], /) -> set[str]:
@@ -300,6 +354,10 @@ class RecipeStatements(Protocol):
         self, conn: Reads, /, *, household_id: int, before_seq: int | None, limit: int
     ) -> list[Recipe]:
         """A household's recipes, newest first."""
+        ...
+
+    def delete_household_recipes(self, tx: Transaction, household_id: int, /, *, limit: int) -> int:
+        """Delete up to `limit` of the household's recipes; how many were."""
         ...
 
 
@@ -346,6 +404,89 @@ class RetentionStatements(Protocol):
         limit: int,
         now: datetime | None = None,
     ) -> int: ...
+
+
+class AuditStatements(Protocol):
+    """The operators' audit log: one row per action, its count raised as the
+    action's batches commit (each in the batch's own transaction)."""
+
+    def insert_entry(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        operator_id: int | None,
+        actor: str,
+        action: str,
+        target: str,
+        count: int,
+    ) -> int:
+        """A new entry, at the database's now; its seq."""
+        ...
+
+    def add_to_count(self, tx: Transaction, seq: int, amount: int, /) -> None: ...
+
+    def list_entries(
+        self, conn: Reads, /, *, before_seq: int | None, limit: int
+    ) -> list[AuditEntry]:
+        """Entries newest first; `before_seq` continues a previous page."""
+        ...
+
+    def delete_entries(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        older_than_seconds: float,
+        limit: int,
+        now: datetime | None = None,
+    ) -> int:
+        """Delete up to `limit` entries older than that, oldest first; how many were."""
+        ...
+
+
+class HistoryStatements(Protocol):
+    """The per-minute and per-ten-minute history of jobs' starts and ends
+    (kept by triggers on `jobs`), read by the dashboard's charts."""
+
+    def fold_history(self, tx: Transaction, /) -> None:
+        """Fold noted events into the history (a driver that counts in place has
+        nothing to fold)."""
+        ...
+
+    def history(
+        self,
+        conn: Reads,
+        /,
+        *,
+        width: int,
+        periods: int,
+        since: datetime | None = None,
+        now: datetime | None = None,
+    ) -> History:
+        """Each kind's periods among the last `periods` of `width` minutes (1 or
+        10), up to the one the database's now (or `now`) is in, summed, with
+        their percentiles' buckets; only those starting at or after `since`
+        (the caller has the earlier ones)."""
+        ...
+
+    def duration_bounds(self, conn: Reads, /) -> list[float]:
+        """The lower bound in seconds of each duration bucket, by bucket number."""
+        ...
+
+    def delete_history(
+        self,
+        tx: Transaction,
+        /,
+        *,
+        width: int,
+        older_than_seconds: float,
+        limit: int,
+        now: datetime | None = None,
+    ) -> int:
+        """Delete up to `limit` rows of `width` for periods that began more than
+        that long ago; how many were."""
+        ...
 
 
 class OperatorStatements(Protocol):
@@ -401,6 +542,44 @@ class OperationStatements(Protocol):
     def kinds_of(self, conn: Reads, job_ids: Collection[str], /) -> dict[str, str]: ...
 
     def delete_job(self, tx: Transaction, job_id: str, /) -> bool: ...
+
+    def newest_seq(self, conn: Reads, /) -> int:
+        """The `seq` of the newest job (0 without any): a bulk action acts on
+        jobs up to the one its confirmation counted."""
+        ...
+
+    def count_matching(
+        self,
+        conn: Reads,
+        status: Status,
+        job_filter: JobFilter,
+        /,
+        *,
+        upto_seq: int,
+        at_most: int,
+    ) -> int:
+        """The jobs of `status` the filter matches with `seq` up to `upto_seq` that
+        a bulk action would act on (of running ones, those not yet told to stop),
+        counted up to `at_most`, through an index that bounds the count."""
+        ...
+
+    def act_on_batch(
+        self,
+        tx: Transaction,
+        action: BulkAction,
+        status: Status,
+        job_filter: JobFilter,
+        /,
+        *,
+        after_seq: int,
+        upto_seq: int,
+        limit: int,
+    ) -> BulkBatch:
+        """`action` on up to `limit` jobs of `status` the filter matches, with
+        `seq` above `after_seq` and up to `upto_seq`, found through an index
+        that bounds the batch. Every action takes the jobs it acts on out of
+        what the next batch matches; the batch says where the next goes on."""
+        ...
 
 
 class FlowStatements(Protocol):
@@ -517,6 +696,12 @@ class Store(Protocol):
 
     @property
     def operators(self) -> OperatorStatements: ...
+
+    @property
+    def audit(self) -> AuditStatements: ...
+
+    @property
+    def history(self) -> HistoryStatements: ...
 
     @property
     def sessions(self) -> SessionStatements: ...

@@ -14,6 +14,7 @@ from mealquest.auth import (
     authenticated_as,
     bearer_token,
     current_household,
+    refuse_suspended,
     refuse_token,
     require_token,
 )
@@ -152,7 +153,8 @@ def get_job(job_id: str) -> ResponseReturnValue:
     """
     # Authenticated here (the API's hook lets this route through): the job is
     # read in the statement that checks the token is live, so a revoked token
-    # is refused by the very request after its revocation, from any process.
+    # is refused by the very request after its revocation, from any process;
+    # likewise a suspension (403), read with the token's household.
     # A household polls this route, so its answer is kept while nothing
     # commits (`ReadCache`: a commit anywhere, a revocation included, drops
     # it). Keyed by the header as sent, which is all the answer depends on
@@ -175,6 +177,8 @@ def get_job(job_id: str) -> ResponseReturnValue:
     household, job, body = _answer(app, job_id, header)
     if household is None:
         return refuse_token()
+    if household.suspended:
+        return refuse_suspended()
     authenticated_as(household)
     if job is None:
         raise not_found("job not found")

@@ -17,7 +17,7 @@ from flask.cli import AppGroup
 from gevent import monkey
 from marshmallow import ValidationError
 
-from mealquest import households
+from mealquest import audit, households
 from mealquest.db import migrations
 from mealquest.db.errors import StoreError
 from mealquest.jobs import flow, retention
@@ -103,6 +103,8 @@ def prune_now(older_than: str | None) -> str:
             store,
             older_than_days=days,
             catchup_seconds=float(config["JOB_CRON_CATCHUP_SECONDS"]),
+            # The audit log by the setting only: `--older-than 0` is about jobs.
+            audit_days=config["JOB_RETENTION_DAYS"] or None,
         )
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
@@ -193,6 +195,8 @@ def jobs_cancel(job_id: str) -> None:
     has already succeeded or failed."""
     try:
         job = get_jobs().cancel(job_id)
+        cancelled = job is not None and job.status in (Status.CANCELLED, Status.RUNNING)
+        audit.record(get_jobs().store, None, "cancel", f"job {job_id}", int(cancelled))
     except StoreError as error:
         raise click.ClickException(str(error)) from None
     if job is None:

@@ -12,7 +12,10 @@ retention benchmark in `bench/`), so the write lock SQLite has one of is
 never held for more than a few milliseconds, and other writes get in
 between batches. Old periodic slots go too, once no scheduler could
 consider them again, and the rate ledgers of partitions that started
-nothing for longer than any rate's window.
+nothing for longer than any rate's window; so do the operators' audit
+entries older than the retention (`audit_days`), the job history the
+dashboard's charts no longer show, and what an erasure had to leave to
+running jobs: an erased household's jobs once they have ended, and its recipes.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ SECONDS_PER_DAY = 86_400.0
 # Periodic slots are kept at least this many catch-up windows, so that no
 # scheduler (whose window may differ) could still make a deleted slot again.
 _SLOT_WINDOWS_KEPT = 2
+# The charts' history, by its periods' width in minutes, is kept this long:
+# twice what the charts show (an hour of minutes, a day of ten minutes).
+HISTORY_KEPT_SECONDS = {1: 2 * 3600.0, 10: 2 * SECONDS_PER_DAY}
+# Erased households whose leftovers one prune finishes, at most.
+_ERASURES_PER_PRUNE = 100
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,23 @@ class Pruned:
     jobs: int = 0
     slots: int = 0
     rates: int = 0
+    audit: int = 0
+    history: int = 0
+    erased: int = 0
+    """Jobs and recipes of erased households (left by running jobs)."""
+
+
+@dataclass(frozen=True)
+class HouseholdRows:
+    """What deleting a household's rows deleted."""
+
+    tokens: int = 0
+    jobs: int = 0
+    recipes: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.tokens + self.jobs + self.recipes
 
 
 def prune(
@@ -61,10 +86,12 @@ def prune(
     write: Callable[..., Any] | None = None,
     batch_size: int = BATCH_SIZE,
     now: datetime | None = None,
+    audit_days: float | None = None,
 ) -> Pruned:
     """Delete finished jobs older than `older_than_days`, batch by batch, until
     none is left; `write` is the store's (the CLI) or a job's fenced one.
-    `now` stands in for the database's clock (tests)."""
+    Audit entries older than `audit_days` go too (None: none). `now` stands
+    in for the database's clock (tests)."""
     if older_than_days < 0 or batch_size < 1:
         raise ValueError("older_than_days must be 0 or more and batch_size at least 1")
     write = write or store.write
@@ -96,7 +123,69 @@ def prune(
         ),
         batch_size,
     )
-    return Pruned(jobs, slots, rates)
+    audit = 0
+    if audit_days:
+        audit = _in_batches(
+            lambda: write(
+                store.audit.delete_entries,
+                older_than_seconds=audit_days * SECONDS_PER_DAY,
+                limit=batch_size,
+                now=now,
+            ),
+            batch_size,
+        )
+    history = 0
+    for width, kept in HISTORY_KEPT_SECONDS.items():
+
+        def delete_history(width: int = width, kept: float = kept) -> int:
+            deleted: int = write(
+                store.history.delete_history,
+                width=width,
+                older_than_seconds=kept,
+                limit=batch_size,
+                now=now,
+            )
+            return deleted
+
+        history += _in_batches(delete_history, batch_size)
+    erased = 0
+    for household_id in store.read(store.households.erased_with_rows, limit=_ERASURES_PER_PRUNE):
+        left = delete_household_rows(store, household_id, write=write, batch_size=batch_size)
+        erased += left.jobs + left.recipes
+    return Pruned(jobs, slots, rates, audit, history, erased)
+
+
+def delete_household_rows(
+    store: Store,
+    household_id: int,
+    *,
+    tokens: bool = False,
+    jobs: bool = True,
+    recipes: bool = True,
+    write: Callable[..., Any] | None = None,
+    batch_size: int = BATCH_SIZE,
+    each_batch: Callable[[Any, int], None] | None = None,
+) -> HouseholdRows:
+    """Delete a household's tokens (if asked), its jobs that are not running
+    (with their idempotency keys) and its recipes, batch by batch, until none
+    is left. `each_batch(tx, deleted)` runs inside each batch's transaction
+    (an erasure counts its audit entry up there)."""
+    write = write or store.write
+
+    def batches(delete: Callable[..., int]) -> int:
+        def one(tx: Any) -> int:
+            deleted = delete(tx, household_id, limit=batch_size)
+            if each_batch is not None:
+                each_batch(tx, deleted)
+            return deleted
+
+        return _in_batches(lambda: write(one), batch_size)
+
+    return HouseholdRows(
+        tokens=batches(store.households.delete_tokens) if tokens else 0,
+        jobs=batches(store.jobs.delete_household_jobs) if jobs else 0,
+        recipes=batches(store.recipes.delete_household_recipes) if recipes else 0,
+    )
 
 
 def _in_batches(delete_batch: Callable[[], int], batch_size: int) -> int:
@@ -131,6 +220,7 @@ def register(registry: Registry, *, retention_days: int, catchup_seconds: float)
             older_than_days=retention_days,
             catchup_seconds=catchup_seconds,
             write=ctx.write,
+            audit_days=retention_days,
         )
         return {"deleted": pruned.jobs, "slots_deleted": pruned.slots}
 

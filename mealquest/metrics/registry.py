@@ -56,6 +56,14 @@ JOB_RUN_DURATION = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
     registry=REGISTRY,
 )
+JOB_WAIT = Histogram(
+    "mealquest_job_wait_seconds",
+    "How long jobs waited to start, from their due time (their enqueue, unless "
+    "delayed or a retry's backoff), by kind.",
+    ["kind"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
 JOB_RESCUES = Counter(
     "mealquest_job_rescues",
     "Running jobs whose lease expired, taken back by a rescuer of this host.",

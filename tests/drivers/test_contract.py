@@ -29,6 +29,8 @@ SETS = {
     "flow": driver.FlowStatements,
     "processes": driver.ProcessStatements,
     "streams": driver.StreamStatements,
+    "audit": driver.AuditStatements,
+    "history": driver.HistoryStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

@@ -8,9 +8,20 @@ only store and read. Times come from the database's clock.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
+from mealquest.clock import to_text
 from mealquest.db.driver import Reads, Transaction
-from mealquest.model.households import Household, UnknownHousehold, UnknownToken
+from mealquest.model.households import (
+    SYSTEM_HOUSEHOLD_ID,
+    Household,
+    HouseholdErased,
+    HouseholdFigures,
+    HouseholdState,
+    UnknownHousehold,
+    UnknownToken,
+)
+from mealquest.model.jobs import FINAL_STATUSES
 
 
 def insert_household(tx: Transaction, *, name: str) -> int:
@@ -24,16 +35,17 @@ def insert_household(tx: Transaction, *, name: str) -> int:
 def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> int:
     """Store a token's digest for a household; the token's id.
 
-    Inserts only if the household exists, so an unknown one is
-    `UnknownHousehold` without a failed statement (which would abort the
-    caller's transaction).
+    Inserts only if the household exists and was not erased, so an unknown
+    one is `UnknownHousehold` (an erased one `HouseholdErased`) without a
+    failed statement (which would abort the caller's transaction).
     """
     row = tx.execute(
         "INSERT INTO api_tokens (household_id, token_sha256, created_at) "
-        "SELECT id, %s, now() FROM households WHERE id = %s RETURNING id",
+        "SELECT id, %s, now() FROM households WHERE id = %s AND erased_at IS NULL RETURNING id",
         (token_sha256, household_id),
     ).fetchone()
     if row is None:
+        _live(tx, household_id)
         raise UnknownHousehold()
     return int(row["id"])
 
@@ -57,21 +69,23 @@ def revoke_token(tx: Transaction, token_id: int) -> None:
 def list_households(conn: Reads) -> list[tuple[Household, int]]:
     """Every household with its number of live tokens."""
     rows = conn.execute(
-        "SELECT h.id, h.name, count(t.id) AS tokens FROM households h "
+        "SELECT h.id, h.name, h.suspended_at IS NOT NULL AS suspended, count(t.id) AS tokens "
+        "FROM households h "
         "LEFT JOIN api_tokens t ON t.household_id = h.id AND t.revoked_at IS NULL "
         "GROUP BY h.id ORDER BY h.id"
     ).fetchall()
-    return [(Household(row["id"], row["name"]), row["tokens"]) for row in rows]
+    return [(Household(row["id"], row["name"], row["suspended"]), row["tokens"]) for row in rows]
 
 
 def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | None:
     """The household a live token (by its digest) belongs to, or None."""
     row = conn.execute(
-        "SELECT h.id, h.name FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        "SELECT h.id, h.name, h.suspended_at IS NOT NULL AS suspended "
+        "FROM api_tokens t JOIN households h ON h.id = t.household_id "
         "WHERE t.token_sha256 = %s AND t.revoked_at IS NULL",
         (token_sha256,),
     ).fetchone()
-    return Household(row["id"], row["name"]) if row else None
+    return Household(row["id"], row["name"], row["suspended"]) if row else None
 
 
 def live_token_digests(conn: Reads, digests: Collection[str]) -> set[str]:
@@ -84,3 +98,129 @@ def live_token_digests(conn: Reads, digests: Collection[str]) -> set[str]:
         (sorted(digests),),
     ).fetchall()
     return {row["token_sha256"] for row in rows}
+
+
+_STATE = "id, name, created_at, suspended_at, erased_at"
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else to_text(value)
+
+
+def _state(row: Any) -> HouseholdState:
+    return HouseholdState(
+        row["id"],
+        row["name"],
+        to_text(row["created_at"]),
+        _text(row["suspended_at"]),
+        _text(row["erased_at"]),
+    )
+
+
+def get_household(conn: Reads, household_id: int) -> HouseholdState | None:
+    row = conn.execute(f"SELECT {_STATE} FROM households WHERE id = %s", (household_id,)).fetchone()
+    return _state(row) if row else None
+
+
+def _live(tx: Reads, household_id: int) -> HouseholdState:
+    """The household, unless there is none (`UnknownHousehold`) or it was erased."""
+    found = get_household(tx, household_id)
+    if found is None:
+        raise UnknownHousehold()
+    if found.erased_at is not None:
+        raise HouseholdErased()
+    return found
+
+
+def suspend_household(tx: Transaction, household_id: int) -> bool:
+    """Suspend a household now; False if it already was."""
+    _live(tx, household_id)
+    cursor = tx.execute(
+        "UPDATE households SET suspended_at = now() WHERE id = %s AND suspended_at IS NULL",
+        (household_id,),
+    )
+    return cursor.rowcount == 1
+
+
+def resume_household(tx: Transaction, household_id: int) -> bool:
+    """Lift a household's suspension; False if there was none."""
+    _live(tx, household_id)
+    cursor = tx.execute(
+        "UPDATE households SET suspended_at = NULL WHERE id = %s AND suspended_at IS NOT NULL",
+        (household_id,),
+    )
+    return cursor.rowcount == 1
+
+
+def mark_erased(tx: Transaction, household_id: int, *, name: str) -> None:
+    """Make the household a tombstone (erased and suspended now, renamed); an
+    erased one stays as it is."""
+    cursor = tx.execute(
+        "UPDATE households SET name = CASE WHEN erased_at IS NULL THEN %s ELSE name END, "
+        "suspended_at = coalesce(suspended_at, now()), erased_at = coalesce(erased_at, now()) "
+        "WHERE id = %s",
+        (name, household_id),
+    )
+    if cursor.rowcount != 1:
+        raise UnknownHousehold()
+
+
+def delete_tokens(tx: Transaction, household_id: int, *, limit: int) -> int:
+    cursor = tx.execute(
+        "WITH batch AS MATERIALIZED (SELECT id FROM api_tokens WHERE household_id = %s "
+        "LIMIT %s FOR UPDATE SKIP LOCKED) "
+        "DELETE FROM api_tokens WHERE id IN (SELECT id FROM batch)",
+        (household_id, limit),
+    )
+    return cursor.rowcount
+
+
+def household_figures(
+    conn: Reads,
+    *,
+    after_id: int | None,
+    limit: int,
+    recent: int,
+    household_id: int | None = None,
+) -> list[HouseholdFigures]:
+    """Households by id, each with its jobs by status: queued from its queue row
+    (kept by the queue triggers), running through their partial index, and
+    the final statuses among its latest `recent` jobs (the household's index,
+    newest first, read as far as that). The system household is left out."""
+    where = "h.id = %(household)s" if household_id is not None else "h.id > %(after)s"
+    rows = conn.execute(
+        f"SELECT h.id, h.name, h.created_at, h.suspended_at, h.erased_at, "
+        "coalesce((SELECT queued FROM household_queues WHERE household_id = h.id), 0) AS queued, "
+        "(SELECT count(*) FROM jobs WHERE household_id = h.id AND status = 'running') AS running, "
+        "(SELECT json_object_agg(status, n) FROM (SELECT status, count(*) AS n FROM "
+        "(SELECT status FROM jobs WHERE household_id = h.id ORDER BY seq DESC "
+        "LIMIT %(recent)s) AS r GROUP BY status) AS g) AS latest, "
+        "(SELECT count(*) FROM api_tokens WHERE household_id = h.id AND revoked_at IS NULL) "
+        f"AS tokens FROM households h WHERE {where} AND h.id <> %(system)s "
+        "ORDER BY h.id LIMIT %(limit)s",
+        {
+            "household": household_id,
+            "after": -1 if after_id is None else after_id,
+            "system": SYSTEM_HOUSEHOLD_ID,
+            "recent": recent,
+            "limit": limit,
+        },
+    ).fetchall()
+    return [_figures(row, row["latest"] or {}) for row in rows]
+
+
+def _figures(row: Any, latest: dict[str, int]) -> HouseholdFigures:
+    jobs = {str(status): int(latest.get(str(status), 0)) for status in FINAL_STATUSES}
+    jobs.update({"queued": int(row["queued"]), "running": int(row["running"])})
+    return HouseholdFigures(_state(row), jobs, sum(latest.values()), int(row["tokens"]))
+
+
+def erased_with_rows(conn: Reads, *, limit: int) -> list[int]:
+    rows = conn.execute(
+        "SELECT id FROM households WHERE erased_at IS NOT NULL "
+        "AND (EXISTS (SELECT 1 FROM jobs WHERE household_id = households.id) "
+        "OR EXISTS (SELECT 1 FROM recipes WHERE household_id = households.id)) "
+        "ORDER BY id LIMIT %s",
+        (limit,),
+    ).fetchall()
+    return [int(row["id"]) for row in rows]

@@ -303,6 +303,11 @@ def _most_of_kind(
 
 # The order households take turns in (columns of `household_queues` and the running count).
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+# Suspended households' jobs wait: a test on each job the claim considers,
+# against the few suspended households (read once per statement, through
+# their partial index, as a hashed subplan), so a suspended household
+# neither is chosen nor sets the claim's priority.
+_NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended_at IS NOT NULL)"
 # A claim of `limit` jobs ranks this many times `limit` households and takes
 # the first `limit` of them that no other claim holds: up to this many claims
 # made at once (by several processes or hosts) each find households of their
@@ -386,7 +391,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
             "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
             f"FROM {picked} AS picked) AS p WHERE nth <= most"
         )
-    queued = f"status = 'queued' AND run_at <= {_NOW}"
+    queued = f"status = 'queued' AND run_at <= {_NOW} AND {_NOT_SUSPENDED}"
     of_kinds = "kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
     unblocked = of_kinds
     if limits is not None:
@@ -838,6 +843,7 @@ def get_job_with_token(
     it has none of that id), in one statement; None if the token is not live."""
     row = conn.execute(
         "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        "h.suspended_at IS NOT NULL AS token_household_suspended, "
         f"{_qualified('j')} FROM api_tokens t JOIN households h ON h.id = t.household_id "
         "LEFT JOIN jobs j ON j.id = %(id)s AND j.household_id = t.household_id "
         "WHERE t.token_sha256 = %(digest)s AND t.revoked_at IS NULL",
@@ -846,7 +852,11 @@ def get_job_with_token(
     if row is None:
         return None
     values = dict(row)
-    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    household = Household(
+        values.pop("token_household_id"),
+        values.pop("token_household_name"),
+        values.pop("token_household_suspended"),
+    )
     return household, _job(values) if values["id"] is not None else None
 
 
@@ -972,3 +982,23 @@ def kind_run_seconds(conn: Reads, kind: str) -> float | None:
         {"kind": kind, "looked": _KIND_JOBS_LOOKED_AT, "recent": _RECENT_RUNS},
     ).fetchone()
     return None if row["seconds"] is None else float(row["seconds"])
+
+
+def running_job_ids(conn: Reads, household_id: int) -> list[str]:
+    """The ids of the household's running jobs (through their partial index)."""
+    rows = conn.execute(
+        "SELECT id FROM jobs WHERE household_id = %s AND status = 'running'", (household_id,)
+    ).fetchall()
+    return [row["id"] for row in rows]
+
+
+def delete_household_jobs(tx: Transaction, household_id: int, *, limit: int) -> int:
+    """Delete up to `limit` of the household's jobs that are not running (the
+    batch chosen once, its rows locked without waiting)."""
+    cursor = tx.execute(
+        "WITH batch AS MATERIALIZED (SELECT seq FROM jobs WHERE household_id = %s "
+        "AND status <> 'running' LIMIT %s FOR UPDATE SKIP LOCKED) "
+        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM batch) AND status <> 'running'",
+        (household_id, limit),
+    )
+    return cursor.rowcount

@@ -79,3 +79,14 @@ def list_recipes(
         (household_id, before_seq if before_seq is not None else 2**63 - 1, limit),
     ).fetchall()
     return [_recipe(row) for row in rows]
+
+
+def delete_household_recipes(tx: Transaction, household_id: int, *, limit: int) -> int:
+    """Delete up to `limit` of the household's recipes; how many were (the
+    batch chosen once: see `retention.delete_finished`)."""
+    cursor = tx.execute(
+        "WITH batch AS MATERIALIZED (SELECT seq FROM recipes WHERE household_id = %s "
+        "LIMIT %s FOR UPDATE SKIP LOCKED) DELETE FROM recipes WHERE seq IN (SELECT seq FROM batch)",
+        (household_id, limit),
+    )
+    return cursor.rowcount

@@ -43,7 +43,9 @@ import gevent
 from gevent import monkey
 
 from mealquest.db.driver import (
+    AuditStatements,
     FlowStatements,
+    HistoryStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -66,7 +68,9 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import POOLERS
 from mealquest.db.postgresql import (
+    audit,
     flow,
+    history,
     households,
     jobs,
     migrate,
@@ -183,6 +187,8 @@ class PostgresStore:
     flow: FlowStatements = flow
     processes: ProcessStatements = processes
     streams: StreamStatements = streams
+    audit: AuditStatements = audit
+    history: HistoryStatements = history
 
     def describe(self) -> str:
         """The database as messages name it: host, port and name, never the password."""

@@ -251,6 +251,11 @@ def _most_of_kind(
 
 # The order households take turns in (columns of `household_queues` and the running count).
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
+# Suspended households' jobs wait: a test on each job the claim considers,
+# against the few suspended households (read once per statement, through
+# their partial index), so a suspended household neither is chosen nor sets
+# the claim's priority.
+_NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended_at IS NOT NULL)"
 
 
 def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
@@ -284,7 +289,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     names = {f"k{index}": kind for index, kind in enumerate(kinds)}
     due = (
         "status = 'queued' AND run_at <= :now "
-        f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
+        f"AND kind IN ({', '.join(f':{name}' for name in names)}) AND {_NOT_SUSPENDED} "
         "AND kind NOT IN (SELECT kind FROM paused_kinds)"
     )
     limited = flow.limited_kinds(kinds, request.partitions)
@@ -759,6 +764,7 @@ def get_job_with_token(
     it has none of that id), in one statement; None if the token is not live."""
     row = conn.execute(
         "SELECT h.id AS token_household_id, h.name AS token_household_name, "
+        "h.suspended_at IS NOT NULL AS token_household_suspended, "
         f"{_JOB_COLUMNS_OF_J} FROM api_tokens t JOIN households h ON h.id = t.household_id "
         "LEFT JOIN jobs j ON j.id = ? AND j.household_id = t.household_id "
         "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
@@ -767,7 +773,11 @@ def get_job_with_token(
     if row is None:
         return None
     values = dict(row)
-    household = Household(values.pop("token_household_id"), values.pop("token_household_name"))
+    household = Household(
+        values.pop("token_household_id"),
+        values.pop("token_household_name"),
+        bool(values.pop("token_household_suspended")),
+    )
     return household, Job.from_row(values) if values["id"] is not None else None
 
 
@@ -891,3 +901,22 @@ def kind_run_seconds(conn: Reads, kind: str) -> float | None:
         (kind, _KIND_JOBS_LOOKED_AT, _RECENT_RUNS),
     ).fetchone()
     return None if row["seconds"] is None else float(row["seconds"])
+
+
+def running_job_ids(conn: Reads, household_id: int) -> list[str]:
+    """The ids of the household's running jobs (through their partial index)."""
+    rows = conn.execute(
+        "SELECT id FROM jobs INDEXED BY jobs_running WHERE household_id = ? AND status = 'running'",
+        (household_id,),
+    ).fetchall()
+    return [row["id"] for row in rows]
+
+
+def delete_household_jobs(tx: Transaction, household_id: int, *, limit: int) -> int:
+    """Delete up to `limit` of the household's jobs that are not running."""
+    cursor = tx.execute(
+        "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs INDEXED BY jobs_household "
+        "WHERE household_id = ? AND status <> 'running' LIMIT ?)",
+        (household_id, limit),
+    )
+    return cursor.rowcount

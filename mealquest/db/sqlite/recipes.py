@@ -73,3 +73,13 @@ def list_recipes(
         (household_id, before_seq if before_seq is not None else 2**63 - 1, limit),
     ).fetchall()
     return [Recipe.from_row(row) for row in rows]
+
+
+def delete_household_recipes(tx: Transaction, household_id: int, *, limit: int) -> int:
+    """Delete up to `limit` of the household's recipes (through its index); how many were."""
+    cursor = tx.execute(
+        "DELETE FROM recipes WHERE seq IN (SELECT seq FROM recipes INDEXED BY recipes_household "
+        "WHERE household_id = ? LIMIT ?)",
+        (household_id, limit),
+    )
+    return cursor.rowcount

@@ -13,19 +13,23 @@ _TIER_DUE = (
     "j.household_id = q.household_id AND j.status = 'queued' AND j.priority = :priority "
     "AND j.run_at <= :now"
 )
-_DUE_COUNTED = f"(SELECT count(*) FROM (SELECT 1 FROM jobs AS j WHERE {_TIER_DUE} LIMIT :most))"
+_DUE_COUNTED = (
+    "(SELECT count(*) FROM (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued "
+    f"WHERE {_TIER_DUE} LIMIT :most))"
+)
 # The households with due jobs of one priority, as the claim ranks them: the
 # idle ones in its turn index's order, then every one with jobs running
-# (INDEXED BY and `+` as the claim has them, for the same plan).
+# (INDEXED BY and `+` as the claim has them, for the same plan: the
+# household's queued and running jobs through their partial indexes).
 _TIER = f"""
 SELECT * FROM (
     SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs, q.head_run_at, q.head_seq,
            {_DUE_COUNTED} AS due
     FROM household_queues AS q INDEXED BY household_queues_turn
     WHERE +q.head_run_at <= :now
-    AND NOT EXISTS (SELECT 1 FROM jobs AS r
+    AND NOT EXISTS (SELECT 1 FROM jobs AS r INDEXED BY jobs_running
                     WHERE r.household_id = q.household_id AND r.status = 'running')
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE {_TIER_DUE})
+    AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued WHERE {_TIER_DUE})
     ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :idle
 )
 UNION ALL
@@ -34,7 +38,8 @@ SELECT q.household_id, b.running, q.served_at, q.served_jobs, q.head_run_at, q.h
 FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
       WHERE status = 'running' GROUP BY household_id) AS b
 JOIN household_queues AS q ON q.household_id = b.household_id
-WHERE q.head_run_at <= :now AND EXISTS (SELECT 1 FROM jobs AS j WHERE {_TIER_DUE})
+WHERE q.head_run_at <= :now
+AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued WHERE {_TIER_DUE})
 """
 
 

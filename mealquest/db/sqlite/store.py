@@ -42,7 +42,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import gevent
 
 from mealquest.db.driver import (
+    AuditStatements,
     FlowStatements,
+    HistoryStatements,
     HouseholdStatements,
     JobStatements,
     OperationStatements,
@@ -65,7 +67,9 @@ from mealquest.db.errors import (
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
+    audit,
     flow,
+    history,
     households,
     jobs,
     migrate,
@@ -186,6 +190,8 @@ class SqliteStore:
     flow: FlowStatements = flow
     processes: ProcessStatements = processes
     streams: StreamStatements = streams
+    audit: AuditStatements = audit
+    history: HistoryStatements = history
 
     def describe(self) -> str:
         """The database as messages name it."""

@@ -104,6 +104,7 @@ class Executor:
     def start(self, jobs: list[Job], lease_deadline: float) -> None:
         """Run claimed jobs, each in a slot of its own (reserved by the claim)."""
         for job in jobs:
+            metrics.started(job)
             kind = self.registry.get(job.kind)
             timeout = kind.options.timeout_seconds if kind else 0.0
             entry = Running(

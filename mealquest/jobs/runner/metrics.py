@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from mealquest.db.driver import Store
@@ -18,8 +19,8 @@ from mealquest.db.errors import StoreError
 from mealquest.jobs.outcome import Outcome
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.running import Running
-from mealquest.metrics.registry import JOB_RESCUES, JOB_RUN_DURATION, JOB_RUNS
-from mealquest.model.jobs import Recovered, Status
+from mealquest.metrics.registry import JOB_RESCUES, JOB_RUN_DURATION, JOB_RUNS, JOB_WAIT
+from mealquest.model.jobs import Job, Recovered, Status
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,24 @@ def _runs(kind: str, outcome: str) -> Any:
 @functools.cache
 def _run_duration(kind: str) -> Any:
     return JOB_RUN_DURATION.labels(kind=kind)
+
+
+@functools.cache
+def _wait(kind: str) -> Any:
+    return JOB_WAIT.labels(kind=kind)
+
+
+def started(job: Job) -> None:
+    """A claimed job starts: how long it waited, from its due time (`run_at`:
+    its enqueue, unless delayed or a retry's backoff) to its claim, both by
+    the database's clock as the claim stored them."""
+    if job.started_at is None:
+        return
+    try:
+        waited = datetime.fromisoformat(job.started_at) - datetime.fromisoformat(job.run_at)
+    except ValueError:  # not a time as the drivers write them: nothing to count
+        return
+    _wait(job.kind).observe(max(0.0, waited.total_seconds()))
 
 
 def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> None:
