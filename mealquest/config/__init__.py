@@ -19,6 +19,7 @@ from typing import Any
 
 from mealquest.config import rules
 from mealquest.config.table import (
+    BLOCKED_EXIT_PER_MAX_BLOCKING,
     DEFAULTS,
     ENV_PREFIX,
     HEARTBEATS_PER_LEASE,
@@ -66,6 +67,7 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         )
     if values["JOB_RESCUE_SECONDS"] is None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    _check_blocked_exit(values, given)
     # A transaction pooler gives a LISTEN's server connection to other clients.
     through_transaction_pooler = values["PG_POOLER"] == "transaction"
     if values["PG_LISTEN"] is None:
@@ -83,6 +85,26 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
     if values["METRICS_PORT"] is not None and values["METRICS_PORT"] > rules.MAX_PORT:
         port = values["METRICS_PORT"]
         raise _error("METRICS_PORT", f"must be a port number, 1 to {rules.MAX_PORT}", port)
+
+
+def _check_blocked_exit(values: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """A process exits once its event loop has been blocked past the limit; its
+    jobs' leases were last renewed up to a heartbeat before the block began,
+    so the lease must outlast both, or another process rescues and runs a job
+    whose handler still runs."""
+    if values["JOB_BLOCKED_EXIT_SECONDS"] is None:
+        monitor = values["JOB_MAX_BLOCKING_SECONDS"] or DEFAULTS["JOB_MAX_BLOCKING_SECONDS"]
+        values["JOB_BLOCKED_EXIT_SECONDS"] = monitor * BLOCKED_EXIT_PER_MAX_BLOCKING
+    limit = values["JOB_BLOCKED_EXIT_SECONDS"]
+    heartbeat = values["JOB_HEARTBEAT_SECONDS"]
+    if not values["JOB_LEASE_SECONDS"] > limit + heartbeat:
+        raise _error(
+            "JOB_LEASE_SECONDS",
+            f"must exceed {ENV_PREFIX}JOB_BLOCKED_EXIT_SECONDS ({limit:g}) plus "
+            f"{ENV_PREFIX}JOB_HEARTBEAT_SECONDS ({heartbeat:g}), so that a process whose "
+            "event loop is blocked exits before its jobs' leases expire",
+            given["JOB_LEASE_SECONDS"],
+        )
 
 
 def _error(key: str, reason: str, value: Any) -> ConfigError:

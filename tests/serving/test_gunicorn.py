@@ -19,7 +19,6 @@ from mealquest.clock import seconds, utc_now
 from tests.support.servers import (
     APP,
     BIN,
-    LEASE_SECONDS,
     RESCUE_SECONDS,
     HeldServer,
     Process,
@@ -203,11 +202,11 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
 def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     served, start_gunicorn, gates, tmp_path
 ):
-    """Jobs held past their lease while their workers drain (SIGHUP and
-    max_requests replace them), so a draining worker must keep renewing it and
-    new workers' rescues must leave live jobs alone. The grace is longer than
-    any hold: the jobs finish when the test opens their gate. Each pool has a
-    slot for every job, so whichever worker still claims can hold them all."""
+    """Jobs held while their workers drain (SIGHUP and max_requests replace
+    them): a draining worker keeps renewing their leases, and new workers'
+    rescues leave live jobs alone. The grace is longer than any hold: the
+    jobs finish when the test opens their gate. Each pool has a slot for
+    every job, so whichever worker still claims can hold them all."""
     server = start_gunicorn(
         workers=2,
         graceful_timeout=60,
@@ -232,16 +231,20 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     # Six requests on the two new workers: one of them at least keeps claiming.
     ids += [enqueue(server.url, served.token, "pid_gate", payload) for _ in range(6)]
     wait_until(lambda: len(runs_by_job(log, "start")) == len(ids), DEADLINE, "jobs did not start")
+    rows = jobs_by_id(served.store)
+    claimed_until = {job_id: rows[job_id]["lease_expires_at"] for job_id in ids}
     held_since = utc_now()
 
-    def held_for_a_lease() -> bool:
+    def renewed_while_held() -> bool:
         rows = jobs_by_id(served.store)
         states = {job_id: (rows[job_id]["status"], rows[job_id]["attempt"]) for job_id in ids}
         assert set(states.values()) == {("running", 1)}, states
-        return utc_now() > held_since + seconds(LEASE_SECONDS + 2 * RESCUE_SECONDS)
+        renewed = all(rows[job_id]["lease_expires_at"] > claimed_until[job_id] for job_id in ids)
+        # Every worker's rescuer has looked at them a few times meanwhile.
+        return renewed and utc_now() > held_since + seconds(3 * RESCUE_SECONDS)
 
-    # Unless renewed, every lease would have expired meanwhile, and rescuers run.
-    wait_until(held_for_a_lease, DEADLINE, "jobs were not held for a lease")
+    # The draining workers' leases too: renewed by the heartbeats of a drain.
+    wait_until(renewed_while_held, DEADLINE, "the held jobs' leases were not renewed")
     assert "Autorestarting worker" in server.log()
     assert "Hang up" in server.log()
     gates.open("held")

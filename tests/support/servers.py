@@ -34,11 +34,14 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 APP = "tests.support.serving_app:app"
 
-# Short runner times so that rescues happen within seconds.
-LEASE_SECONDS = 2.0
+# Short runner times so that rescues happen within seconds. `flask jobs work`
+# exits after BLOCKED_EXIT_SECONDS of a blocked loop: the lease must exceed
+# that plus a heartbeat.
+LEASE_SECONDS = 6.0
 HEARTBEAT_SECONDS = 0.4
 RESCUE_SECONDS = 0.3
 POLL_SECONDS = 0.2
+BLOCKED_EXIT_SECONDS = 5.0
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -233,6 +236,7 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
             "MEALQUEST_JOB_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
             "MEALQUEST_JOB_RESCUE_SECONDS": str(RESCUE_SECONDS),
             "MEALQUEST_JOB_POLL_SECONDS": str(POLL_SECONDS),
+            "MEALQUEST_JOB_BLOCKED_EXIT_SECONDS": str(BLOCKED_EXIT_SECONDS),
             # No hourly prune job appearing among a test's jobs (retention's
             # own tests turn it on).
             "MEALQUEST_JOB_RETENTION_DAYS": "0",
