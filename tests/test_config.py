@@ -247,6 +247,48 @@ def test_flask_jobs_work_with_a_lease_a_blocked_process_could_outlive_prints_one
     ]
 
 
+def gunicorn_output(tmp_path, *args: str, **config: object) -> tuple[int, list[str]]:
+    """gunicorn's status and output lines, started on a migrated database (so
+    that only the configuration can stop it) with `args` and `config`."""
+    database = str(tmp_path / "mealquest.sqlite3")
+    migrate.upgrade(database)
+    result = subprocess.run(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args, APP],
+        cwd=REPO,
+        env=serving_env(database, **config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return result.returncode, (result.stdout + result.stderr).splitlines()
+
+
+def test_gunicorn_refuses_a_lease_its_timeout_could_outlast_with_one_line(tmp_path):
+    """gunicorn kills a worker whose loop is blocked only after `timeout`
+    (30 s in gunicorn.conf.py); a lease renewed a heartbeat before the block
+    must outlast that, or another process runs the job beside it."""
+    status, lines = gunicorn_output(
+        tmp_path, JOB_LEASE_SECONDS=30, JOB_HEARTBEAT_SECONDS=5, JOB_BLOCKED_EXIT_SECONDS=5
+    )
+    assert status != 0
+    assert lines == [
+        "mealquest: MEALQUEST_JOB_LEASE_SECONDS: must exceed gunicorn's timeout (30) plus "
+        "MEALQUEST_JOB_HEARTBEAT_SECONDS (5), so that gunicorn kills a worker whose event loop "
+        "is blocked before its jobs' leases expire (got 30)"
+    ]
+
+
+def test_gunicorn_refuses_no_timeout_while_its_workers_run_jobs(tmp_path):
+    status, lines = gunicorn_output(tmp_path, "--timeout", "0")
+    assert status != 0
+    assert lines == [
+        "mealquest: gunicorn's timeout is 0, which never kills a worker whose event loop is "
+        "blocked: its jobs' leases would expire while it lives; set one (gunicorn.conf.py), "
+        "or run the jobs in `flask jobs work` processes (MEALQUEST_JOB_POOL_IN_WEB=false)"
+    ]
+
+
 @pytest.mark.parametrize("app", ["wsgi:app", APP], ids=["wsgi", "an-app-module-of-its-own"])
 def test_gunicorn_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp_path, app):
     """Whether the app module turns the error into an exit itself (wsgi.py)

@@ -28,7 +28,7 @@ from mealquest.config.table import (
 )
 from mealquest.documented import DocumentedError
 
-__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config"]
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config", "check_gunicorn_timeout"]
 
 
 class ConfigError(DocumentedError):
@@ -104,6 +104,28 @@ def _check_blocked_exit(values: dict[str, Any], given: Mapping[str, Any]) -> Non
             f"{ENV_PREFIX}JOB_HEARTBEAT_SECONDS ({heartbeat:g}), so that a process whose "
             "event loop is blocked exits before its jobs' leases expire",
             given["JOB_LEASE_SECONDS"],
+        )
+
+
+def check_gunicorn_timeout(config: Mapping[str, Any], timeout: float) -> None:
+    """Under gunicorn, whose master kills a worker that has not said it lives
+    for `timeout` seconds (its event loop blocked): a worker that runs jobs
+    must be killed before their leases expire. ConfigError (one line) if not;
+    `config` is a checked configuration."""
+    if not config["JOB_POOL_IN_WEB"]:
+        return  # web-only workers hold no lease
+    if timeout <= 0:
+        raise ConfigError(
+            "gunicorn's timeout is 0, which never kills a worker whose event loop is blocked: "
+            "its jobs' leases would expire while it lives; set one (gunicorn.conf.py), or run "
+            f"the jobs in `flask jobs work` processes ({ENV_PREFIX}JOB_POOL_IN_WEB=false)"
+        )
+    lease, heartbeat = config["JOB_LEASE_SECONDS"], config["JOB_HEARTBEAT_SECONDS"]
+    if not lease > timeout + heartbeat:
+        raise ConfigError(
+            f"{ENV_PREFIX}JOB_LEASE_SECONDS: must exceed gunicorn's timeout ({timeout:g}) plus "
+            f"{ENV_PREFIX}JOB_HEARTBEAT_SECONDS ({heartbeat:g}), so that gunicorn kills a "
+            f"worker whose event loop is blocked before its jobs' leases expire (got {lease:g})"
         )
 
 

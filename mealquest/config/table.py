@@ -116,9 +116,9 @@ SETTINGS: tuple[Setting, ...] = (
         60.0,
         rules.positive,
         "a running job's lease; a job whose process stops renewing it is rescued after "
-        "this. It must exceed `MEALQUEST_JOB_BLOCKED_EXIT_SECONDS` plus a heartbeat "
-        "(refused otherwise); keep it above gunicorn's `timeout` plus a heartbeat too, so "
-        "that a process whose event loop is blocked is gone before its jobs' leases can expire",
+        "this. It must exceed `MEALQUEST_JOB_BLOCKED_EXIT_SECONDS` plus a heartbeat, and "
+        "under gunicorn its `timeout` plus a heartbeat (refused otherwise), so that a "
+        "process whose event loop is blocked is gone before its jobs' leases can expire",
     ),
     Setting(
         "JOB_HEARTBEAT_SECONDS",
@@ -163,8 +163,9 @@ SETTINGS: tuple[Setting, ...] = (
         "a `flask jobs work` process whose event loop stays blocked this long exits at once "
         "(status 1, one line on stderr), as gunicorn kills such a worker after its `timeout`, "
         "so that its jobs' leases cannot expire while it lives. `MEALQUEST_JOB_LEASE_SECONDS` "
-        "must exceed it plus a heartbeat; a start that breaks that is refused with one line. "
-        "See [What a handler must not do](#what-a-handler-must-not-do)",
+        "must exceed it plus a heartbeat (and, under gunicorn, gunicorn's `timeout` plus a "
+        "heartbeat); a start that breaks either is refused with one line. See [What a handler "
+        "must not do](#what-a-handler-must-not-do)",
         shown="ten times `MEALQUEST_JOB_MAX_BLOCKING_SECONDS` (`10.0`; ten times its "
         "default when that is `0`)",
     ),

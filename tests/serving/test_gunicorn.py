@@ -164,7 +164,8 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
 
 
 def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn, gates):
-    server = start_gunicorn(workers=2, graceful_timeout=5)
+    # A lease above the longer timeout (6 s) that goes with the longer grace.
+    server = start_gunicorn(workers=2, graceful_timeout=5, config={"JOB_LEASE_SECONDS": 7.0})
     short = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("short")})
     long = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("long")})
     long_retried = enqueue(server.url, served.token, "pid_gate_retried", {"url": gates.url("long")})
@@ -204,14 +205,16 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
 ):
     """Jobs held while their workers drain (SIGHUP and max_requests replace
     them): a draining worker keeps renewing their leases, and new workers'
-    rescues leave live jobs alone. The grace is longer than any hold: the
-    jobs finish when the test opens their gate. Each pool has a slot for
-    every job, so whichever worker still claims can hold them all."""
+    rescues leave live jobs alone. The grace is longer than any hold, and the
+    lease longer than gunicorn's timeout that goes with it (as the
+    configuration requires): the jobs finish when the test opens their gate.
+    Each pool has a slot for every job, so whichever worker still claims can
+    hold them all."""
     server = start_gunicorn(
         workers=2,
         graceful_timeout=60,
-        config={"JOB_WORKERS": 12},
-        extra_args=("--timeout", "60", "--max-requests", "4", "--max-requests-jitter", "0"),
+        config={"JOB_WORKERS": 12, "JOB_LEASE_SECONDS": 62.0},
+        extra_args=("--max-requests", "4", "--max-requests-jitter", "0"),
     )
     log = tmp_path / "runs.log"
     first_workers = set(server.worker_pids())
@@ -266,7 +269,8 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
 def test_web_only_workers_leave_jobs_to_flask_jobs_work(
     served, start_gunicorn, processes, tmp_path
 ):
-    server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False})
+    # gunicorn's own timeout: web-only workers hold no lease it could outlast.
+    server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False}, timeout=30)
     job_id = enqueue(server.url, served.token, "pid", {})
     env = serving_env(served.database)
     env["FLASK_APP"] = "tests.support.serving_app"

@@ -34,9 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 APP = "tests.support.serving_app:app"
 
-# Short runner times so that rescues happen within seconds. `flask jobs work`
-# exits after BLOCKED_EXIT_SECONDS of a blocked loop: the lease must exceed
-# that plus a heartbeat.
+# Short runner times so that rescues happen within seconds. gunicorn kills a
+# worker whose event loop is blocked after its `timeout` (GRACEFUL_TIMEOUT +
+# 1 here, as gunicorn.conf.py requires), `flask jobs work` exits after
+# BLOCKED_EXIT_SECONDS: the lease must exceed each plus a heartbeat.
+GRACEFUL_TIMEOUT = 4
 LEASE_SECONDS = 6.0
 HEARTBEAT_SECONDS = 0.4
 RESCUE_SECONDS = 0.3
@@ -249,7 +251,8 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
 
 
 class Gunicorn(Process):
-    """gunicorn with the real gunicorn.conf.py serving the test app."""
+    """gunicorn with the real gunicorn.conf.py serving the test app; its
+    `timeout` a second above the graceful timeout unless given."""
 
     def __init__(
         self,
@@ -257,7 +260,8 @@ class Gunicorn(Process):
         env: Mapping[str, str],
         *,
         workers: int = 2,
-        graceful_timeout: float = 4,
+        graceful_timeout: int = GRACEFUL_TIMEOUT,
+        timeout: int | None = None,
         extra_args: tuple[str, ...] = (),
         app: str | None = None,
     ) -> None:
@@ -275,6 +279,8 @@ class Gunicorn(Process):
             str(workers),
             "--graceful-timeout",
             str(graceful_timeout),
+            "--timeout",
+            str(graceful_timeout + 1 if timeout is None else timeout),
             *extra_args,
             app or APP,
         ]
