@@ -20,6 +20,7 @@ from tests.support.servers import (
     APP,
     BIN,
     RESCUE_SECONDS,
+    TIMEOUT,
     HeldServer,
     Process,
     enqueue,
@@ -294,7 +295,11 @@ def test_gunicorn_refuses_an_unmigrated_database_with_one_clear_first_line(tmp_p
     migrate.upgrade(behind, target=2)
     for path in (behind, str(tmp_path / "missing.sqlite3")):
         result = subprocess.run(
-            [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", APP],
+            [
+                *(str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"),
+                # The timeout that fits the tests' short lease.
+                *("--timeout", str(TIMEOUT), APP),
+            ],
             cwd=Path(__file__).resolve().parents[2],
             env=serving_env(path),
             capture_output=True,

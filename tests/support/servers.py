@@ -39,6 +39,8 @@ APP = "tests.support.serving_app:app"
 # 1 here, as gunicorn.conf.py requires), `flask jobs work` exits after
 # BLOCKED_EXIT_SECONDS: the lease must exceed each plus a heartbeat.
 GRACEFUL_TIMEOUT = 4
+# The timeout of a gunicorn started with GRACEFUL_TIMEOUT.
+TIMEOUT = GRACEFUL_TIMEOUT + 1
 LEASE_SECONDS = 6.0
 HEARTBEAT_SECONDS = 0.4
 RESCUE_SECONDS = 0.3
@@ -252,7 +254,8 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
 
 class Gunicorn(Process):
     """gunicorn with the real gunicorn.conf.py serving the test app; its
-    `timeout` a second above the graceful timeout unless given."""
+    `timeout` a second above the graceful timeout unless given (TIMEOUT with
+    the default one)."""
 
     def __init__(
         self,
