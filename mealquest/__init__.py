@@ -46,7 +46,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     json_bodies.init_app(app)
     cli.init_app(app)
     app.cli.add_command(jobs_cli)
-    app.register_blueprint(health.bp)
+    health.init_app(app)
     app.register_blueprint(api_bp)
     metrics_view.init_app(app)
     admin.init_app(app)

@@ -1,10 +1,17 @@
-"""Newest-first pages: `limit`, and an opaque cursor that continues after the last item."""
+"""Newest-first pages: `limit`, and an opaque cursor that continues after the last item.
+
+A page also stops early at `MAX_PAGE_BYTES` of JSON (its cursor then
+continues after the last item it holds): each item is bounded (a job's
+result, a recipe), but a hundred of them would still make an answer of tens
+of megabytes, held in a worker's memory while it is sent.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from marshmallow import Schema, ValidationError, fields, validate
 
@@ -12,6 +19,7 @@ T = TypeVar("T")
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 100
+MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 
 # A cursor is the last item's `seq` in lowercase hex. The pattern is exact:
@@ -48,9 +56,24 @@ class PageQuerySchema(Schema):
     )
 
 
-def paginate(items: list[T], limit: int, seq_of: Callable[[T], int]) -> tuple[list[T], str | None]:
-    """Cut a `limit + 1` fetch to a page; the cursor is set only if more items follow."""
+def paginate(
+    items: list[T],
+    limit: int,
+    seq_of: Callable[[T], int],
+    dump: Callable[[T], dict[str, Any]],
+    max_bytes: int = MAX_PAGE_BYTES,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Cut a `limit + 1` fetch to a page of dumped items, of at most
+    `max_bytes` of JSON (the first item whatever its size); the cursor is
+    set only if more items follow."""
+    page: list[dict[str, Any]] = []
+    size = 0
+    for item in items[:limit]:
+        dumped = dump(item)
+        size += len(json.dumps(dumped, separators=(",", ":")))
+        if page and size > max_bytes:
+            return page, encode_cursor(seq_of(items[len(page) - 1]))
+        page.append(dumped)
     if len(items) <= limit:
-        return items, None
-    page = items[:limit]
-    return page, encode_cursor(seq_of(page[-1]))
+        return page, None
+    return page, encode_cursor(seq_of(items[limit - 1]))

@@ -8,7 +8,9 @@ from flask import request
 from mealquest.db.sqlite.store import SqliteStore
 from mealquest.errors import APIError
 from mealquest.extensions import get_store
+from mealquest.health import MAX_AGE_SECONDS, health_check
 from tests.support.kinds import SECRET
+from tests.support.ticks import Ticks
 
 pytestmark = pytest.mark.both_databases
 
@@ -186,13 +188,20 @@ def test_a_500_never_echoes_the_exception(error_client):
     assert response.get_json() == {"error": {"code": "internal", "message": "internal error"}}
 
 
-def test_healthz_answers_503_while_locked_and_200_once_free(error_client, lock_holder):
+def test_healthz_answers_503_while_locked_and_200_once_free(error_app, error_client, lock_holder):
+    health_check(error_app).clock = ticks = Ticks()
     assert error_client.get("/healthz").status_code == 200
     lock_holder.hold()
+    # Answered from the check of less than a second ago, without the database.
+    assert error_client.get("/healthz").status_code == 200
+    ticks.advance(MAX_AGE_SECONDS)
     response = error_client.get("/healthz")
     assert response.status_code == 503
     assert response.get_json()["error"]["code"] == "unavailable"
     lock_holder.release()
+    # The failed check is the answer for its second too; then a new one.
+    assert error_client.get("/healthz").status_code == 503
+    ticks.advance(MAX_AGE_SECONDS)
     response = error_client.get("/healthz")
     assert response.status_code == 200
     assert response.get_json() == {"status": "ok"}

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from mealquest.model.jobs import ClaimRequest, Status
+from mealquest.model.jobs import ClaimRequest, Status, Transition
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.both_databases
@@ -301,3 +302,38 @@ def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, s
     )
     assert poll_twice()["status"] == "succeeded"
     assert poll_twice()["result"] == {"value": 3}
+
+
+def test_a_page_of_jobs_stops_at_its_byte_bound_and_the_next_continues(
+    client, auth, jobs, store, household
+):
+    # Each job's result may hold 256 KiB; a hundred of them in one answer
+    # would be 25 MiB held in the worker's memory while it is sent.
+    made = [
+        jobs.enqueue("succeed", {"value": n}, household_id=household.household_id)
+        for n in range(20)
+    ]
+    claimed = store.write(
+        store.jobs.claim,
+        ClaimRequest(owner="w.1", lease_seconds=60, limit=20, kinds=("succeed",)),
+    )
+    big = json.dumps({"value": 1, "padding": "x" * (250 * 1024)})
+    store.write(
+        store.jobs.transition_many,
+        [Transition(job.lease, to=Status.SUCCEEDED, result=big) for job in claimed],
+    )
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = "/api/v1/jobs?limit=100" + (f"&cursor={cursor}" if cursor else "")
+        answer = client.get(query, headers=auth)
+        assert answer.status_code == 200
+        assert len(answer.get_data()) <= 4 * 1024 * 1024
+        body = answer.get_json()
+        seen += [job["id"] for job in body["jobs"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages > 1
+    assert seen == list(reversed(made))  # every job once, newest first

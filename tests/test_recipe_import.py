@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -431,3 +432,38 @@ def test_an_address_nothing_listens_on_is_retried_then_fails_plainly(start, auth
     for record in logs.records:
         if record.levelno < logging.ERROR:
             assert SECRET not in logging.Formatter().format(record)
+
+
+def test_a_recipe_of_megabytes_is_stored_cut_to_its_bound(start, pages, auth):
+    # 300 ingredients and 300 steps of 5,000 characters each: about 3 MB,
+    # which every answer showing the recipe (and every poll of its job) read.
+    long_items = [f"{n:03d} " + "x" * 4_996 for n in range(300)]
+    page = recipe_page(
+        recipeIngredient=long_items,
+        recipeInstructions=[{"@type": "HowToStep", "text": item} for item in long_items],
+    )
+    pages.page("/huge", page)
+    app = start(RECIPE_FETCH_MAX_BYTES=4 * 1024 * 1024)
+    client = app.test_client()
+
+    job_id = import_url(client, auth, pages.url("/huge"))
+
+    job = wait_for(
+        lambda: (
+            (found := get_job(client, auth, job_id))["status"] not in ("queued", "running")
+            and found
+        )
+    )
+    assert job["status"] == "succeeded", job
+    stored = client.get(f"/api/v1/recipes/{job['result']['recipe_id']}", headers=auth)
+    assert len(stored.get_data()) <= 256 * 1024
+    assert len(json.dumps(job["result"], separators=(",", ":"))) <= 256 * 1024
+    recipe = stored.get_json()
+    # Items kept in order, whole but the last of each list, which is cut.
+    for items in (recipe["ingredients"], recipe["instructions"]):
+        assert 10 < len(items) < 300
+        assert items[:-1] == long_items[: len(items) - 1]
+        assert items[-1].endswith("…")
+        assert long_items[len(items) - 1].startswith(items[-1][:-1])
+    # Both lists share the room: neither is left out.
+    assert abs(len(recipe["ingredients"]) - len(recipe["instructions"])) <= 1

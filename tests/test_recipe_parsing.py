@@ -25,6 +25,7 @@ from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import Page
 from mealquest.recipes.parser_pool import PageUnreadable, ParserPool
+from mealquest.recipes.parser_process import NICENESS
 from tests.conftest import wait_for
 from tests.support.kinds import SECRET
 from tests.support.pages import PageServer, recipe_page
@@ -210,6 +211,9 @@ def test_a_parser_process_holds_none_of_the_services_descriptors_or_secrets(star
     limits = soft_limits(pid)
     assert limits["Max core file size"] == "0"
     assert limits["Max address space"] != "unlimited"
+    # Below the service's CPU priority: a page's CPU never delays its heartbeats.
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(ours + NICENESS, 19)
 
 
 # -- the pool on its own ----------------------------------------------------------------------

@@ -255,3 +255,40 @@ def test_storing_twice_for_one_job_keeps_one_recipe(app, household):
     assert second.title == "Better soup"
     count = sql.scalar(store, "SELECT count(*) FROM recipes")
     assert count == 1
+
+
+def test_a_page_of_recipes_stops_at_its_byte_bound_and_the_next_continues(
+    app, client, auth, household
+):
+    # A recipe may hold 255 KiB: twenty of them made one answer of megabytes.
+    store = get_store(app)
+    jobs = get_jobs(app)
+    steps = ["y" * 5_000] * 50
+    made = []
+    for n in range(20):
+        job_id = jobs.enqueue("recipe_import", {"url": URL}, household_id=household.household_id)
+        parsed = ParsedRecipe(f"Dish {n}", ["salt"], steps, None, None, None, None)
+        made.append(
+            store.write(
+                store.recipes.upsert_for_job,
+                household_id=household.household_id,
+                job_id=job_id,
+                source_url=URL,
+                parsed=parsed,
+            ).id
+        )
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        query = "/api/v1/recipes?limit=100" + (f"&cursor={cursor}" if cursor else "")
+        answer = client.get(query, headers=auth)
+        assert answer.status_code == 200
+        assert len(answer.get_data()) <= 4 * 1024 * 1024
+        body = answer.get_json()
+        seen += [recipe["id"] for recipe in body["recipes"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages > 1
+    assert seen == list(reversed(made))

@@ -34,7 +34,7 @@ from mealquest.model.jobs import (
 )
 from tests.conftest import wait_for
 from tests.support import sql
-from tests.support.kinds import SECRET, ValueSchema, succeed
+from tests.support.kinds import SECRET, EmptySchema, MessageSchema, ValueSchema, succeed
 from tests.support.rescue import rescue_all, watched_rescuer
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).
@@ -846,3 +846,38 @@ def test_jobs_claimed_by_a_write_in_flight_when_stop_began_go_back_untouched(
     job = jobs.get(job_id)
     assert (job.status, job.attempt, job.lease_owner) == (Status.QUEUED, 0, None)
     assert pool.active_jobs() == []
+
+
+@pytest.mark.parametrize("where", ["final", "partial", "partial_caught"])
+def test_a_result_past_its_bound_fails_the_job_as_internal_error(make_app, household, logs, where):
+    # A job's result is read by every poll of it and answered in every list:
+    # one past 256 KiB of JSON is a handler's bug, never stored.
+    app = make_app()
+    jobs = get_jobs(app)
+    huge = "x" * (257 * 1024)
+
+    def handler(payload, ctx):
+        if where == "final":
+            return {"message": huge}
+        try:
+            ctx.publish({"message": huge})
+        except Exception:
+            if where == "partial":
+                raise
+        return {"message": "done anyway"}
+
+    jobs.registry.register(
+        "huge_result",
+        handler,
+        payload=EmptySchema,
+        result=MessageSchema,
+        options=KindOptions(max_attempts=3),
+    )
+    job_id = jobs.enqueue("huge_result", {}, household_id=household.household_id)
+    jobs.start_pool()
+
+    job = wait_for(lambda: final(jobs, job_id))
+    assert (job.status, job.error, job.attempt) == (Status.FAILED, "internal error", 1)
+    assert job.result is None
+    told = [r.getMessage() for r in logs.records if r.levelno == logging.ERROR]
+    assert any("past the bound" in line or "too large" in line for line in told), told

@@ -25,6 +25,8 @@ from gevent.event import Event
 from marshmallow import Schema, fields, post_load
 
 from mealquest.clock import to_text, utc_now
+from mealquest.db.errors import StoreUnavailable
+from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.sqlite import migrate
 from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
@@ -43,7 +45,8 @@ from mealquest.model.jobs import (
 from tests.conftest import FAST_POOL, wait_for
 from tests.support import sql
 from tests.support.kinds import EmptySchema, ValueSchema
-from tests.support.rescue import Ticks, rescue_all, watched_rescuer
+from tests.support.rescue import rescue_all, watched_rescuer
+from tests.support.ticks import Ticks
 from tests.test_store import Fatal, checkpoint_soon, sabotage_checkpoint
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).
@@ -492,6 +495,65 @@ def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_exp
     assert stopped_at < expires or jobs.get(job_id).lease_expires_at is not None
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert (job.attempt, job.interruptions) == (1, 0)
+
+
+@pytest.mark.parametrize("database", ["postgresql", "pgbouncer"], indirect=True)
+def test_requests_holding_every_connection_of_theirs_leave_the_runners_leases_renewed(
+    hostile, household, latches, database
+):
+    """A flood of requests used to take every connection of the one pool the
+    heartbeats shared: they failed, the watchdog gave the job up and rescues
+    failed it. (PostgreSQL only: SQLite's runner writes through the store's
+    writer thread, which no request holds.)"""
+    lease = 1.0
+    jobs = hostile(
+        JOB_LEASE_SECONDS=lease,
+        JOB_HEARTBEAT_SECONDS=0.2,
+        PG_POOL_SIZE=2,
+        DB_BUSY_TIMEOUT_SECONDS=0.3,
+    )
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    wait_for(lambda: latches.seen("start", "g"))
+    # Watched through a connection of its own, outside both of the process's pools.
+    watcher = PostgresStore(
+        database["DATABASE_URL"],
+        pool_size=1,
+        listen=False,
+        pooler=database.get("PG_POOLER", "none"),
+    )
+    requests_store = jobs.store
+    released = Event()
+    holding: list[int] = []
+
+    def hold(conn: Any) -> None:
+        holding.append(1)
+        released.wait()
+
+    requests = [gevent.spawn(requests_store.read, hold) for _ in range(2)]
+    try:
+        wait_for(lambda: len(holding) == 2)
+        with pytest.raises(StoreUnavailable):  # a request finds no connection now
+            requests_store.read(lambda conn: conn.execute("SELECT 1"))
+        started = time.monotonic()
+        leases: set[str] = set()
+
+        def renewed_for_two_leases() -> bool:
+            leases.add(
+                sql.scalar(watcher, "SELECT lease_expires_at FROM jobs WHERE id = ?", (job_id,))
+            )
+            assert not latches.seen("stopped by LeaseLost", "g")
+            return time.monotonic() - started > 2 * lease and len(leases) >= 4
+
+        wait_for(renewed_for_two_leases, timeout=10)
+    finally:
+        released.set()
+        gevent.joinall(requests)
+        watcher.close()
+    latches.open("g")
+    job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
+    assert (job.attempt, job.interruptions) == (1, 0)
+    assert latches.seen("start", "g") == [("start", "g", 1)]
 
 
 def _returned_and_recording(jobs: JobService, job_id: str) -> Any:

@@ -62,7 +62,17 @@ SETTINGS: tuple[Setting, ...] = (
         "PG_POOL_SIZE",
         10,
         rules.whole(1),
-        "PostgreSQL: connections each process's pool may open (plus one for LISTEN)",
+        "PostgreSQL: connections each process may open for HTTP requests and commands "
+        "(its job pool has its own: `MEALQUEST_PG_RUNNER_POOL_SIZE`, plus one for LISTEN)",
+    ),
+    Setting(
+        "PG_RUNNER_POOL_SIZE",
+        None,
+        rules.derived(rules.whole(1)),
+        "PostgreSQL: connections each process's job pool has of its own, apart from "
+        "those of `MEALQUEST_PG_POOL_SIZE`, which HTTP requests share: a flood of requests "
+        "cannot take them from the heartbeats, claims and outcomes",
+        shown="`MEALQUEST_JOB_WORKERS` + 3 (`7`)",
     ),
     Setting(
         "PG_LISTEN",

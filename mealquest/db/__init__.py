@@ -73,6 +73,7 @@ def open_store(config: Mapping[str, Any]) -> Store:
             pool_size=int(config["PG_POOL_SIZE"]),
             listen=pooler != "transaction" if listen is None else bool(listen),
             pooler=pooler,
+            runner_pool_size=config.get("PG_RUNNER_POOL_SIZE"),
         )
     from mealquest.db.sqlite.store import SqliteStore
 

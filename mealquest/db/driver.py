@@ -451,6 +451,13 @@ class Store(Protocol):
         """The ledger: applied, pending and unknown migrations."""
         ...
 
+    def for_runner(self) -> Store:
+        """The store this process's job pool uses: on PostgreSQL one with
+        connections of its own, which no flood of HTTP requests can take from
+        the heartbeats and outcomes; on SQLite this one (its writes queue for
+        its one writer thread, off the hub)."""
+        ...
+
     def close(self) -> None:
-        """Close this process's connections."""
+        """Close this process's connections (the runner's too)."""
         ...

@@ -142,9 +142,8 @@ def list_jobs() -> dict[str, Any]:
         before_seq=before,
         limit=limit + 1,
     )
-    page, cursor = paginate(jobs, limit, lambda job: job.seq)
-    listed: dict[str, Any] = _list_schema.dump({"jobs": page, "next_cursor": cursor})
-    return listed
+    page, cursor = paginate(jobs, limit, lambda job: job.seq, dump_job)
+    return {"jobs": page, "next_cursor": cursor}
 
 
 @bp.post("/<job_id>/cancel")

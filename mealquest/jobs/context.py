@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mealquest.db.driver import Store, Transaction
-from mealquest.jobs.errors import LeaseLost
-from mealquest.model.jobs import DEFAULT_PRIORITY, Job, Lease, NewJob
+from mealquest.jobs.errors import LeaseLost, ResultTooLarge
+from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_RESULT_BYTES, Job, Lease, NewJob
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -52,6 +52,9 @@ class JobContext:
         self.follow_ups: list[NewJob] = []
         # A write of the handler's found the lease gone.
         self.lease_found_lost = False
+        # The handler published a partial result past the bound: whatever it
+        # does next, its job fails.
+        self.result_too_large = False
         self._lease = lease
         self._encode_partial = encode_partial
         self._prepare = prepare
@@ -102,8 +105,14 @@ class JobContext:
         return job.job_id
 
     def publish(self, partial: Any) -> None:
-        """Store a partial result (typed by the kind's partial schema); GET shows it at once."""
+        """Store a partial result (typed by the kind's partial schema); GET shows
+        it at once. One larger than `MAX_RESULT_BYTES` as JSON raises
+        `ResultTooLarge`, stores nothing, and fails the job as `internal error`
+        (a handler's bug: its result has no bound)."""
         encoded = self._encode_partial(partial)
+        if len(encoded.encode()) > MAX_RESULT_BYTES:
+            self.result_too_large = True
+            raise ResultTooLarge()
         published = self.store.write(self.store.jobs.publish, self._lease, result=encoded)
         if not published:
             self.lease_found_lost = True

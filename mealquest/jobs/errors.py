@@ -33,6 +33,10 @@ class TooManyJobs(JobsError):
         self.retry_after = retry_after
 
 
+class ResultTooLarge(JobsError):
+    """The job's result is larger than a job may store."""
+
+
 class PoolAlreadyStarted(JobsError):
     """The pool has already been started."""
 

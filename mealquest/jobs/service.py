@@ -256,7 +256,7 @@ class JobService:
             raise PoolAlreadyStarted()
         migrations.require_migrated(self.store)
         pool = Pool(
-            self.store,
+            self.store.for_runner(),
             self.registry,
             self.settings,
             on_fatal=on_fatal,

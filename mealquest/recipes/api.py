@@ -82,5 +82,5 @@ def list_recipes() -> dict[str, Any]:
             conn, household_id=household_id, before_seq=before, limit=limit + 1
         )
     )
-    page, cursor = paginate(recipes, limit, lambda recipe: recipe.seq)
-    return _list_schema.dump({"recipes": page, "next_cursor": cursor})
+    page, cursor = paginate(recipes, limit, lambda recipe: recipe.seq, _recipe_schema.dump)
+    return {"recipes": page, "next_cursor": cursor}

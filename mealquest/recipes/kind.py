@@ -29,7 +29,7 @@ from mealquest.model.jobs import Failure
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import FetchError, FetchPolicy, Page, fetch
-from mealquest.recipes.parse import ParserFailed
+from mealquest.recipes.parse import ParserFailed, fit_recipe
 from mealquest.recipes.parser_pool import PageUnreadable
 from mealquest.recipes.schemas import (
     ImportStageSchema,
@@ -69,12 +69,13 @@ def import_recipe(
             raise TransientImportError(error.message) from None
         raise Failure(error.message) from None
     ctx.publish({"stage": "parsing"})
-    parsed = _parse(page, ctx, parsing)
+    source_url = public_source_url(url)
+    parsed = fit_recipe(_parse(page, ctx, parsing), source_url)
     recipe = ctx.write(
         ctx.store.recipes.upsert_for_job,
         household_id=ctx.household_id,
         job_id=ctx.job_id,
-        source_url=public_source_url(url),
+        source_url=source_url,
         parsed=parsed,
     )
     return {"recipe_id": recipe.id, "recipe": _recipe_schema.dump(recipe)}

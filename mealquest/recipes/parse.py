@@ -9,7 +9,9 @@ rather than a failed write.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -27,6 +29,19 @@ MAX_ITEM = 5000
 MAX_SHORT = 200
 MAX_URL = 2048
 MAX_MINUTES = 100_000
+# A recipe as stored and answered, as JSON, at most: it is read whole by every
+# answer that shows it, and a job's result embeds it within the bound of any
+# job's result (256 KiB; the rest is the result's `recipe_id`).
+MAX_RECIPE_JSON_BYTES = 255 * 1024
+# What a list item cut to fit ends with.
+_CUT = "…"
+# The fields a stored recipe adds to what a page gives, at their widest: ids
+# and the job's id (32 hex digits), a time (fixed-width UTC text).
+_STORED = {
+    "id": "0" * 32,
+    "job_id": "0" * 32,
+    "created_at": "0000-00-00T00:00:00.000000Z",
+}
 _HTML_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
 
 
@@ -110,3 +125,70 @@ def _image_url(value: Any, page_url: str) -> str | None:
     if urlsplit(url).scheme not in ("http", "https") or len(url) > MAX_URL:
         return None
     return url
+
+
+def _json_size(value: Any) -> int:
+    """Bytes of `value` as the service writes JSON (ASCII escapes, no spaces)."""
+    return len(json.dumps(value, separators=(",", ":")))
+
+
+def fit_recipe(parsed: ParsedRecipe, source_url: str) -> ParsedRecipe:
+    """`parsed`, its lists cut so that the recipe stored from `source_url` is
+    at most `MAX_RECIPE_JSON_BYTES` of JSON.
+
+    Every other field is already bounded by its own limit; the lists share
+    what those leave, half each, a list that needs less leaving the rest to
+    the other. A list keeps its items in order while they fit; the item that
+    does not is cut to what room is left, ending with "…", and the items
+    after it are dropped.
+    """
+    fixed = _json_size(
+        {**_STORED, **vars(parsed), "ingredients": [], "instructions": [], "source_url": source_url}
+    )
+    budget = MAX_RECIPE_JSON_BYTES - fixed
+    ingredients, instructions = parsed.ingredients, parsed.instructions
+    needs = _json_size(ingredients) - 2, _json_size(instructions) - 2
+    if sum(needs) <= budget:
+        return parsed
+    half = budget // 2
+    if needs[0] <= half:
+        shares = needs[0], budget - needs[0]
+    elif needs[1] <= half:
+        shares = budget - needs[1], needs[1]
+    else:
+        shares = half, budget - half
+    return replace(
+        parsed,
+        ingredients=_cut_to(ingredients, shares[0]),
+        instructions=_cut_to(instructions, shares[1]),
+    )
+
+
+def _cut_to(items: list[str], budget: int) -> list[str]:
+    """The first of `items` that fit in `budget` bytes of JSON list content."""
+    kept: list[str] = []
+    used = 0
+    for item in items:
+        comma = 1 if kept else 0
+        size = _json_size(item) + comma
+        if used + size <= budget:
+            kept.append(item)
+            used += size
+            continue
+        room = budget - used - comma - _json_size(_CUT)
+        if room > 0:
+            kept.append(_prefix_within(item, room) + _CUT)
+        break
+    return kept
+
+
+def _prefix_within(text: str, room: int) -> str:
+    """The longest start of `text` whose JSON, without its quotes, takes at most `room` bytes."""
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _json_size(text[:middle]) - 2 <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]

@@ -7,12 +7,14 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import gevent
 import psycopg
 import pytest
+from gevent.event import Event
 from psycopg.rows import dict_row
 
 from mealquest.clock import to_text
-from mealquest.db.errors import WriteOutcomeUnknown
+from mealquest.db.errors import StoreUnavailable, WriteOutcomeUnknown
 from mealquest.db.postgresql import households, jobs
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.postgresql.transaction import PostgresTransaction
@@ -305,3 +307,29 @@ def test_a_commit_whose_answer_is_lost_is_a_write_of_unknown_outcome(store, pg_u
         store.write(lose_the_answer)
     # The pool replaced the connection: the store writes again.
     assert store.write(lambda tx: tx.execute("SELECT 1 AS one").fetchone()["one"]) == 1
+
+
+def test_the_runners_store_has_connections_no_request_can_take(make_store, household):
+    store = make_store(pool_size=1, runner_pool_size=2, busy_timeout_seconds=0.3)
+    runner = store.for_runner()
+    assert store.for_runner() is runner
+    assert (runner.pool_size, runner.pooler, runner.listen) == (2, store.pooler, store.listen)
+    released, holding = Event(), Event()
+
+    def hold(conn):
+        holding.set()
+        released.wait()
+
+    request = gevent.spawn(store.read, hold)
+    try:
+        holding.wait(timeout=10)
+        with pytest.raises(StoreUnavailable):
+            store.read(lambda conn: conn.execute("SELECT 1"))
+        job = enqueue(runner, household)
+        assert get(runner, job).id == job
+    finally:
+        released.set()
+        request.join()
+    store.close()  # closes the runner's pool too; a later call makes another
+    assert runner._pool is None
+    assert store.for_runner() is not runner

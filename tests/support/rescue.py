@@ -13,19 +13,7 @@ from datetime import datetime
 from mealquest.db.driver import Store
 from mealquest.jobs.runner.rescuer import Rescuer
 from mealquest.model.jobs import Lease, Recovered
-
-
-class Ticks:
-    """A monotonic clock that moves only when the test says."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.ticks import Ticks
 
 
 def watched_rescuer(store: Store, lease_seconds: float = 1.0, keep: Iterable[Lease] = ()):

@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
-from mealquest.db import claiming, outcomes
+from mealquest.db import claiming, listing, outcomes
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.households import Household
@@ -747,7 +747,8 @@ def list_jobs(
     before_seq: int | None = None,
     limit: int = 50,
 ) -> list[Job]:
-    """Jobs newest first, filtered; `before_seq` continues a previous page."""
+    """Jobs newest first, filtered; `before_seq` continues a previous page.
+    A household's list goes by an index of its own rows (`listing`)."""
     conditions: list[str] = []
     params: dict[str, Any] = {"limit": limit}
     for column, value in (("household_id", household_id), ("status", status), ("kind", kind)):
@@ -757,6 +758,10 @@ def list_jobs(
     if before_seq is not None:
         conditions.append("seq < %(before_seq)s")
         params["before_seq"] = before_seq
+    if household_id is not None:
+        _index, implied = listing.household_index(status, kind)
+        if implied is not None:
+            conditions.append(implied)
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     rows = conn.execute(
         f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT %(limit)s", params

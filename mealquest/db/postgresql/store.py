@@ -119,6 +119,7 @@ class PostgresStore:
         pool_size: int = 10,
         listen: bool = True,
         pooler: str = "none",
+        runner_pool_size: int | None = None,
     ) -> None:
         if not is_postgres_url(url):
             raise StoreError("not a postgresql:// URL")
@@ -133,6 +134,8 @@ class PostgresStore:
         self.url = url
         self.busy_timeout_seconds = float(busy_timeout_seconds)
         self.pool_size = int(pool_size)
+        # Connections of the job pool's own store (`for_runner`).
+        self.runner_pool_size = int(runner_pool_size or pool_size)
         self.listen = listen
         self.pooler = pooler
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
@@ -151,6 +154,7 @@ class PostgresStore:
         # Whether psycopg's waits yield to gevent here (set when the pool opens).
         self._cooperative = False
         self._listener: Listener | None = None
+        self._runner: PostgresStore | None = None
 
     def __repr__(self) -> str:
         # Never the URL: it holds the password.
@@ -413,10 +417,28 @@ class PostgresStore:
         if os.getpid() != self._pid:
             raise StoreUsedAcrossFork()
 
+    def for_runner(self) -> PostgresStore:
+        """A store of the same database with a pool of its own, made once: the
+        runner's heartbeats, claims and outcomes never wait behind HTTP
+        requests for a connection (a flood of them would otherwise let leases
+        expire while their jobs run)."""
+        if self._runner is None:
+            self._runner = PostgresStore(
+                self.url,
+                busy_timeout_seconds=self.busy_timeout_seconds,
+                pool_size=self.runner_pool_size,
+                listen=self.listen,
+                pooler=self.pooler,
+            )
+        return self._runner
+
     def close(self) -> None:
-        """Stop the listener and close the pool's connections (same process only)."""
+        """Stop the listener and close the pools' connections (same process only)."""
         if os.getpid() != self._pid:
             return
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
         self.notifier.cancel()
         if self._listener is not None:
             self._listener.stop()

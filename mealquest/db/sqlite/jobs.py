@@ -20,7 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from mealquest.clock import to_text, utc_now
-from mealquest.db import claiming, outcomes
+from mealquest.db import claiming, listing, outcomes
 from mealquest.db.driver import Reads, Transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
@@ -296,7 +296,9 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     # INDEXED BY and the `+` keep the plan an ordered walk of the households'
     # turn index and a read of the running rows only, whatever ANALYZE found:
     # with statistics SQLite would rather skip-scan and sort every household,
-    # or group the whole table by household.
+    # or group the whole table by household; and a household's queued and
+    # running jobs are read through their partial indexes, not through
+    # (household_id, kind, seq), which holds its whole history.
     rows = tx.execute(
         f"""
 WITH {full_kinds}candidates(household_id, running, place) AS (
@@ -306,9 +308,10 @@ WITH {full_kinds}candidates(household_id, running, place) AS (
            q.head_run_at, q.head_seq
             FROM household_queues AS q INDEXED BY household_queues_turn
             WHERE +q.head_run_at <= :now
-            AND NOT EXISTS (SELECT 1 FROM jobs AS r
+            AND NOT EXISTS (SELECT 1 FROM jobs AS r INDEXED BY jobs_running
                             WHERE r.household_id = q.household_id AND r.status = 'running')
-            AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+            AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
+                        WHERE j.household_id = q.household_id AND j.{due})
             ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :limit
         )
         UNION ALL
@@ -318,7 +321,8 @@ WITH {full_kinds}candidates(household_id, running, place) AS (
               WHERE status = 'running' GROUP BY household_id) AS b
         JOIN household_queues AS q ON q.household_id = b.household_id
         WHERE q.head_run_at <= :now
-        AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due})
+        AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
+                        WHERE j.household_id = q.household_id AND j.{due})
     )
     ORDER BY {_TURN} LIMIT :limit
 ),
@@ -327,7 +331,8 @@ picks AS (
            c.running + row_number() OVER (PARTITION BY j.household_id ORDER BY j.run_at, j.seq)
            AS turn
     FROM candidates AS c JOIN jobs AS j ON j.seq IN (
-        SELECT seq FROM jobs WHERE household_id = c.household_id AND {due}
+        SELECT seq FROM jobs INDEXED BY jobs_household_queued
+        WHERE household_id = c.household_id AND {due}
         ORDER BY run_at, seq LIMIT :limit
     )
 )
@@ -669,7 +674,9 @@ def list_jobs(
     before_seq: int | None = None,
     limit: int = 50,
 ) -> list[Job]:
-    """Jobs newest first, filtered; `before_seq` continues a previous page."""
+    """Jobs newest first, filtered; `before_seq` continues a previous page.
+    A household's list goes by an index of its own rows (`listing`), named
+    here, as statistics could make SQLite prefer another."""
     conditions: list[str] = []
     params: list[object] = []
     for column, value in (("household_id", household_id), ("status", status), ("kind", kind)):
@@ -679,9 +686,16 @@ def list_jobs(
     if before_seq is not None:
         conditions.append("seq < ?")
         params.append(before_seq)
+    indexed = ""
+    if household_id is not None:
+        index, implied = listing.household_index(status, kind)
+        indexed = f" INDEXED BY {index}"
+        if implied is not None:
+            conditions.append(implied)
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT ?", (*params, limit)
+        f"SELECT {_COLUMNS} FROM jobs{indexed} {where} ORDER BY seq DESC LIMIT ?",
+        (*params, limit),
     ).fetchall()
     return [Job.from_row(row) for row in rows]
 

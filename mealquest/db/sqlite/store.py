@@ -572,6 +572,10 @@ class SqliteStore:
         if os.getpid() != self._pid:
             raise StoreUsedAcrossFork()
 
+    def for_runner(self) -> SqliteStore:
+        """This store: one writer thread serves the process's every write."""
+        return self
+
     def close(self) -> None:
         """Close both connections and stop the writer thread (same process only)."""
         if os.getpid() != self._pid:

@@ -24,7 +24,12 @@ from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.outcome import CANCELLED, Outcome, bounded_failure_message, failed
+from mealquest.jobs.outcome import (
+    CANCELLED,
+    Outcome,
+    bounded_failure_message,
+    failed,
+)
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.runner import metrics
 from mealquest.jobs.runner.running import Running
@@ -32,6 +37,7 @@ from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
 from mealquest.masking import mask
 from mealquest.model.jobs import (
+    MAX_RESULT_BYTES,
     MESSAGE_INTERNAL,
     MESSAGE_TIMED_OUT,
     Attempt,
@@ -270,6 +276,10 @@ class Executor:
             ended = error
         finally:
             timer.close()
+        if context.result_too_large:
+            # However the handler went on: it published what no job may store.
+            logger.error("handler published a partial result past the bound", extra=extra)
+            return failed(MESSAGE_INTERNAL)
         if ended is timer or time.monotonic() >= entry.deadline:
             # Past its timeout, however it ended: a handler that caught the
             # timeout and returned (or failed) anyway is still timed out.
@@ -297,7 +307,7 @@ class Executor:
         if ended is not None:
             return self._unexpected_error(job, kind, extra, ended)
         try:
-            return Outcome(Status.SUCCEEDED, result=kind.encode_result(value))
+            result = kind.encode_result(value)
         except Exception as error:
             # A handler's bug (or its schema's: any exception, a RecursionError
             # of a result nested too deep included): another attempt would
@@ -308,6 +318,12 @@ class Executor:
                 extra=extra,
             )
             return failed(MESSAGE_INTERNAL)
+        size = len(result.encode())
+        if size > MAX_RESULT_BYTES:
+            # A handler's bug too: its result has no bound.
+            logger.error("handler's result is too large (%d bytes)", size, extra=extra)
+            return failed(MESSAGE_INTERNAL)
+        return Outcome(Status.SUCCEEDED, result=result)
 
     def _unexpected_error(
         self, job: Job, kind: Kind, extra: dict[str, Any], error: BaseException
