@@ -43,7 +43,9 @@ worker_connections = 1000
 # draining its pool in worker_exit, no longer tells it. And it must stay below
 # MEALQUEST_JOB_LEASE_SECONDS minus a heartbeat (60 - 20 by default), so that
 # a worker whose hub is blocked is killed before its jobs' leases expire and
-# no other process starts a job it still runs.
+# no other process starts a job it still runs: the preflight refuses to start
+# otherwise (and refuses 0, which never kills), unless the workers run no jobs
+# (MEALQUEST_JOB_POOL_IN_WEB=false).
 timeout = 30
 # Seconds a stopping worker (SIGTERM, SIGHUP, max_requests) has to finish its
 # requests and jobs before the master SIGKILLs it; the pool gets this minus a
@@ -127,18 +129,20 @@ def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> 
     # (a database ahead of the code is served, with a warning). Later
     # worker-count changes pass here with a number and are ignored; workers
     # check again as they start. The check runs in a child process so that
-    # the master never imports the app or opens the database.
+    # the master never imports the app or opens the database. It is given
+    # `timeout`: a worker that runs jobs must be killed before their leases
+    # can expire.
     if old_value is not None:
         return
     check = (
-        "import sys; from mealquest.serving.preflight import check_database; "
-        "sys.exit(check_database(sys.argv[1]))"
+        "import sys; from mealquest.serving.preflight import check_start; "
+        "sys.exit(check_start(sys.argv[1], sys.argv[2]))"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # The check counts nothing: keep it out of the metrics directory.
     env.pop(METRICS_DIR_VARIABLE, None)
     status = subprocess.run(  # noqa: S603 - our own interpreter and module
-        [sys.executable, "-c", check, server.app.app_uri],
+        [sys.executable, "-c", check, server.app.app_uri, str(server.cfg.timeout)],
         cwd=server.cfg.chdir,
         env=env,
         check=False,

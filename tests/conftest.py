@@ -46,6 +46,9 @@ FAST_POOL = {
     "JOB_LEASE_SECONDS": 2.0,
     "JOB_HEARTBEAT_SECONDS": 0.3,
     "JOB_RESCUE_SECONDS": 0.3,
+    # Below the lease minus a heartbeat, as the configuration requires (only
+    # `flask jobs work` processes act on it).
+    "JOB_BLOCKED_EXIT_SECONDS": 1.5,
     # No hourly prune job appearing among a test's jobs when a test runs
     # across its minute (retention's own tests turn it on).
     "JOB_RETENTION_DAYS": 0,

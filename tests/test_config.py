@@ -120,11 +120,11 @@ def test_values_are_normalised_for_the_code_that_reads_them(tmp_path):
 
 
 def test_the_heartbeat_and_rescue_follow_the_lease_unless_set(tmp_path):
-    settings = get_jobs(build(tmp_path, JOB_LEASE_SECONDS=6)).settings
+    settings = get_jobs(build(tmp_path, JOB_LEASE_SECONDS=45)).settings
     assert (settings.lease_seconds, settings.heartbeat_seconds, settings.rescue_seconds) == (
-        6.0,
-        2.0,
-        3.0,
+        45.0,
+        15.0,
+        22.5,
     )
     defaults = get_jobs(build(tmp_path)).settings
     assert (defaults.lease_seconds, defaults.heartbeat_seconds, defaults.rescue_seconds) == (
@@ -133,9 +133,46 @@ def test_the_heartbeat_and_rescue_follow_the_lease_unless_set(tmp_path):
         30.0,
     )
     chosen = get_jobs(
-        build(tmp_path, JOB_LEASE_SECONDS=6, JOB_HEARTBEAT_SECONDS=1, JOB_RESCUE_SECONDS=5)
+        build(tmp_path, JOB_LEASE_SECONDS=45, JOB_HEARTBEAT_SECONDS=1, JOB_RESCUE_SECONDS=5)
     ).settings
     assert (chosen.heartbeat_seconds, chosen.rescue_seconds) == (1.0, 5.0)
+
+
+def test_the_blocked_loop_exit_follows_the_hub_monitor_unless_set(tmp_path):
+    assert build(tmp_path).config["JOB_BLOCKED_EXIT_SECONDS"] == 10.0
+    assert build(tmp_path, JOB_MAX_BLOCKING_SECONDS=0.5).config["JOB_BLOCKED_EXIT_SECONDS"] == 5.0
+    # The monitor off: ten times its default.
+    assert build(tmp_path, JOB_MAX_BLOCKING_SECONDS=0).config["JOB_BLOCKED_EXIT_SECONDS"] == 10.0
+    chosen = build(tmp_path, JOB_BLOCKED_EXIT_SECONDS=3, JOB_LEASE_SECONDS=6)
+    assert chosen.config["JOB_BLOCKED_EXIT_SECONDS"] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("config", "limit", "heartbeat", "lease"),
+    [
+        # A third of the lease renews it: 15 is not above 10 + 5.
+        ({"JOB_LEASE_SECONDS": 15}, "10", "5", "15"),
+        ({"JOB_LEASE_SECONDS": 6, "JOB_MAX_BLOCKING_SECONDS": 0.5}, "5", "2", "6"),
+        (
+            {"JOB_LEASE_SECONDS": 2, "JOB_HEARTBEAT_SECONDS": 0.5, "JOB_BLOCKED_EXIT_SECONDS": 1.5},
+            "1.5",
+            "0.5",
+            "2",
+        ),
+    ],
+)
+def test_a_lease_a_blocked_process_could_outlive_is_one_line_naming_it(
+    tmp_path, config, limit, heartbeat, lease
+):
+    """A process exits once its loop has been blocked past the limit; its
+    lease, renewed up to a heartbeat before the block began, must outlast that."""
+    with pytest.raises(ConfigError) as raised:
+        build(tmp_path, **config)
+    assert str(raised.value) == (
+        f"MEALQUEST_JOB_LEASE_SECONDS: must exceed MEALQUEST_JOB_BLOCKED_EXIT_SECONDS ({limit}) "
+        f"plus MEALQUEST_JOB_HEARTBEAT_SECONDS ({heartbeat}), so that a process whose event "
+        f"loop is blocked exits before its jobs' leases expire (got {lease})"
+    )
 
 
 def test_listen_follows_the_pooler_unless_set(tmp_path):
@@ -161,7 +198,12 @@ def flask(tmp_path, *args: str, **config: object) -> subprocess.CompletedProcess
     """`flask ARGS` from the repository root (Flask finds `wsgi.py`), configured
     only by the `MEALQUEST_*` variables given."""
     env = serving_env(str(tmp_path / "mealquest.sqlite3"))
-    for key in ("JOB_LEASE_SECONDS", "JOB_HEARTBEAT_SECONDS", "JOB_RESCUE_SECONDS"):
+    for key in (
+        "JOB_LEASE_SECONDS",
+        "JOB_HEARTBEAT_SECONDS",
+        "JOB_RESCUE_SECONDS",
+        "JOB_BLOCKED_EXIT_SECONDS",
+    ):
         del env[f"MEALQUEST_{key}"]
     env.update({f"MEALQUEST_{key}": str(value) for key, value in config.items()})
     return subprocess.run(
@@ -176,7 +218,7 @@ def flask(tmp_path, *args: str, **config: object) -> subprocess.CompletedProcess
 
 
 def test_flask_db_upgrade_works_with_only_the_lease_set(tmp_path):
-    result = flask(tmp_path, "db", "upgrade", JOB_LEASE_SECONDS=6)
+    result = flask(tmp_path, "db", "upgrade", JOB_LEASE_SECONDS=45)
     assert result.returncode == 0, result.stderr
     assert "migration(s) applied" in result.stdout
     migrate.require_current(str(tmp_path / "mealquest.sqlite3"))
@@ -193,6 +235,58 @@ def test_a_flask_command_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp
     ]
     assert result.stdout == ""
     assert not (tmp_path / "mealquest.sqlite3").exists()
+
+
+def test_flask_jobs_work_with_a_lease_a_blocked_process_could_outlive_prints_one_line(tmp_path):
+    result = flask(tmp_path, "jobs", "work", JOB_LEASE_SECONDS=15)
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [
+        "mealquest: MEALQUEST_JOB_LEASE_SECONDS: must exceed MEALQUEST_JOB_BLOCKED_EXIT_SECONDS "
+        "(10) plus MEALQUEST_JOB_HEARTBEAT_SECONDS (5), so that a process whose event loop is "
+        "blocked exits before its jobs' leases expire (got 15)"
+    ]
+
+
+def gunicorn_output(tmp_path, *args: str, **config: object) -> tuple[int, list[str]]:
+    """gunicorn's status and output lines, started on a migrated database (so
+    that only the configuration can stop it) with `args` and `config`."""
+    database = str(tmp_path / "mealquest.sqlite3")
+    migrate.upgrade(database)
+    result = subprocess.run(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args, APP],
+        cwd=REPO,
+        env=serving_env(database, **config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return result.returncode, (result.stdout + result.stderr).splitlines()
+
+
+def test_gunicorn_refuses_a_lease_its_timeout_could_outlast_with_one_line(tmp_path):
+    """gunicorn kills a worker whose loop is blocked only after `timeout`
+    (30 s in gunicorn.conf.py); a lease renewed a heartbeat before the block
+    must outlast that, or another process runs the job beside it."""
+    status, lines = gunicorn_output(
+        tmp_path, JOB_LEASE_SECONDS=30, JOB_HEARTBEAT_SECONDS=5, JOB_BLOCKED_EXIT_SECONDS=5
+    )
+    assert status != 0
+    assert lines == [
+        "mealquest: MEALQUEST_JOB_LEASE_SECONDS: must exceed gunicorn's timeout (30) plus "
+        "MEALQUEST_JOB_HEARTBEAT_SECONDS (5), so that gunicorn kills a worker whose event loop "
+        "is blocked before its jobs' leases expire (got 30)"
+    ]
+
+
+def test_gunicorn_refuses_no_timeout_while_its_workers_run_jobs(tmp_path):
+    status, lines = gunicorn_output(tmp_path, "--timeout", "0")
+    assert status != 0
+    assert lines == [
+        "mealquest: gunicorn's timeout is 0, which never kills a worker whose event loop is "
+        "blocked: its jobs' leases would expire while it lives; set one (gunicorn.conf.py), "
+        "or run the jobs in `flask jobs work` processes (MEALQUEST_JOB_POOL_IN_WEB=false)"
+    ]
 
 
 @pytest.mark.parametrize("app", ["wsgi:app", APP], ids=["wsgi", "an-app-module-of-its-own"])

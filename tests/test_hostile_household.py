@@ -87,7 +87,7 @@ def gunicorn(database: dict[str, Any], tmp_path: Path) -> Iterator[Gunicorn]:
         "JOB_WORKERS": SLOTS // 2,
         "RECIPE_PARSE_SECONDS": PARSE_SECONDS,
         "RECIPE_FETCH_MAX_BYTES": 2 * len(MEGABYTES),
-        # The service's own leases, not the serving tests' 2 s: on two cores
+        # The service's own leases, not the serving tests' short one: on two cores
         # the flood and eight parses beside it (this test on both databases
         # at once) held PostgreSQL heartbeats more than a second late, which a
         # 2 s lease does not survive and the default 60 s one does.

@@ -137,6 +137,7 @@ def test_a_job_running_in_another_process_is_cancelled_there(
             JOB_LEASE_SECONDS=2.0,
             JOB_HEARTBEAT_SECONDS=0.25,
             JOB_RESCUE_SECONDS=0.25,
+            JOB_BLOCKED_EXIT_SECONDS=1.5,
             **QUICK_GRACE,
         )
         processes.append(worker)

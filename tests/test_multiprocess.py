@@ -25,6 +25,8 @@ FAST = {
     "JOB_HEARTBEAT_SECONDS": 0.25,
     "JOB_RESCUE_SECONDS": 0.25,
     "JOB_STOP_TIMEOUT_SECONDS": 5,
+    # Below the lease minus a heartbeat, as the configuration requires.
+    "JOB_BLOCKED_EXIT_SECONDS": 1.5,
 }
 # Deadlines for what includes a process start (imports, a re-exec) on a loaded
 # machine. A deadline is not a window: a test that passes never waits it out.
@@ -192,6 +194,66 @@ def test_a_frozen_process_that_lost_its_lease_cannot_overwrite_the_rescued_job(
         "interrupted by restart",
         rescued.finished_at,
     )
+
+
+# A lease with room for a process to exit after its loop stayed blocked past
+# the limit (plus a heartbeat before the block began), and for the test to
+# read the job's row after seeing it gone.
+BLOCKING = {
+    "JOB_LEASE_SECONDS": 3.0,
+    "JOB_HEARTBEAT_SECONDS": 0.25,
+    "JOB_BLOCKED_EXIT_SECONDS": 1.0,
+}
+
+
+def starts(log: Path) -> list[int]:
+    """The pids that started a `block_hub_in` job, in order."""
+    if not log.exists():
+        return []
+    return [int(line.split()[2]) for line in log.read_text().splitlines()]
+
+
+def test_a_process_whose_event_loop_stays_blocked_exits_before_its_lease_can_expire(
+    jobs, household, start_worker, tmp_path
+):
+    """Its heartbeats stop with its loop, so its leases would expire while its
+    handler still runs, and another process would run the job beside it.
+    It ends itself first; the job is then rescued once and runs elsewhere."""
+    log = tmp_path / "runs.log"
+    blocked = start_worker(**BLOCKING)
+    job_id = jobs.enqueue(
+        "block_hub_in",
+        {"pid": blocked.pid, "log": str(log)},
+        household_id=household.household_id,
+    )
+    wait_for(lambda: starts(log) == [blocked.pid], timeout=START_DEADLINE)
+    # Not waited for: the test looks at the first process meanwhile.
+    rescuer = start_worker(wait=False, **BLOCKING)
+
+    wait_for(
+        lambda: blocked.popen.poll() is not None or len(starts(log)) > 1,
+        timeout=START_DEADLINE,
+    )
+    seen_gone_at = to_text(utc_now())
+    held = jobs.get(job_id)
+    assert starts(log) == [blocked.pid], "the job ran again while its first process lived"
+    assert blocked.popen.returncode == 1, blocked.output()
+    # Gone while its lease still held: no other process could have taken the job.
+    assert held.status is Status.RUNNING
+    assert held.lease_expires_at > seen_gone_at
+    assert "has been blocked for" in blocked.output()
+    assert "past MEALQUEST_JOB_BLOCKED_EXIT_SECONDS (1)" in blocked.output()
+
+    done = wait_for(lambda: final(jobs, job_id), timeout=START_DEADLINE)
+    # Re-queued with its attempt refunded (the process died, not the job).
+    assert (done.status, done.attempt, done.result) == (
+        Status.SUCCEEDED,
+        1,
+        {"pid": rescuer.pid},
+    )
+    assert starts(log) == [blocked.pid, rescuer.pid]
+    wait_working(rescuer)
+    assert rescuer.stop() == 0, rescuer.output()
 
 
 def test_flask_jobs_work_stops_gracefully_and_records_what_it_had_to_stop(

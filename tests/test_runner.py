@@ -734,7 +734,7 @@ def test_a_handler_that_lost_its_lease_is_stopped_and_cannot_overwrite(
 
 
 def test_heartbeat_renews_leases_of_running_jobs(make_app, household, gates):
-    app = make_app(JOB_LEASE_SECONDS=1.0, JOB_HEARTBEAT_SECONDS=0.2)
+    app = make_app(JOB_LEASE_SECONDS=1.0, JOB_HEARTBEAT_SECONDS=0.2, JOB_BLOCKED_EXIT_SECONDS=0.5)
     jobs = get_jobs(app)
     job_id = jobs.enqueue(
         "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id
@@ -776,7 +776,7 @@ def test_a_pool_never_fails_running_jobs_of_another_live_owner_at_start(jobs, st
 
 
 def test_leases_are_renewed_while_stop_waits_for_a_job(make_app, household, gates):
-    app = make_app(JOB_LEASE_SECONDS=0.6, JOB_HEARTBEAT_SECONDS=0.1)
+    app = make_app(JOB_LEASE_SECONDS=0.6, JOB_HEARTBEAT_SECONDS=0.1, JOB_BLOCKED_EXIT_SECONDS=0.3)
     jobs, store = get_jobs(app), get_store(app)
     job_id = jobs.enqueue(
         "wait_for_gate", {"url": gates.url("g")}, household_id=household.household_id

@@ -509,6 +509,8 @@ def test_requests_holding_every_connection_of_theirs_leave_the_runners_leases_re
     jobs = hostile(
         JOB_LEASE_SECONDS=lease,
         JOB_HEARTBEAT_SECONDS=0.2,
+        # Below the lease minus a heartbeat, as the configuration requires.
+        JOB_BLOCKED_EXIT_SECONDS=0.5,
         PG_POOL_SIZE=2,
         DB_BUSY_TIMEOUT_SECONDS=0.3,
     )

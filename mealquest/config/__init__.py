@@ -19,6 +19,7 @@ from typing import Any
 
 from mealquest.config import rules
 from mealquest.config.table import (
+    BLOCKED_EXIT_PER_MAX_BLOCKING,
     DEFAULTS,
     ENV_PREFIX,
     HEARTBEATS_PER_LEASE,
@@ -27,7 +28,7 @@ from mealquest.config.table import (
 )
 from mealquest.documented import DocumentedError
 
-__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config"]
+__all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config", "check_gunicorn_timeout"]
 
 
 class ConfigError(DocumentedError):
@@ -66,6 +67,7 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         )
     if values["JOB_RESCUE_SECONDS"] is None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
+    _check_blocked_exit(values, given)
     if values["PG_RUNNER_POOL_SIZE"] is None:
         # A connection for each handler's writes, and the heartbeat's, the
         # completer's and the producer's.
@@ -87,6 +89,48 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
     if values["METRICS_PORT"] is not None and values["METRICS_PORT"] > rules.MAX_PORT:
         port = values["METRICS_PORT"]
         raise _error("METRICS_PORT", f"must be a port number, 1 to {rules.MAX_PORT}", port)
+
+
+def _check_blocked_exit(values: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """A process exits once its event loop has been blocked past the limit; its
+    jobs' leases were last renewed up to a heartbeat before the block began,
+    so the lease must outlast both, or another process rescues and runs a job
+    whose handler still runs."""
+    if values["JOB_BLOCKED_EXIT_SECONDS"] is None:
+        monitor = values["JOB_MAX_BLOCKING_SECONDS"] or DEFAULTS["JOB_MAX_BLOCKING_SECONDS"]
+        values["JOB_BLOCKED_EXIT_SECONDS"] = monitor * BLOCKED_EXIT_PER_MAX_BLOCKING
+    limit = values["JOB_BLOCKED_EXIT_SECONDS"]
+    heartbeat = values["JOB_HEARTBEAT_SECONDS"]
+    if not values["JOB_LEASE_SECONDS"] > limit + heartbeat:
+        raise _error(
+            "JOB_LEASE_SECONDS",
+            f"must exceed {ENV_PREFIX}JOB_BLOCKED_EXIT_SECONDS ({limit:g}) plus "
+            f"{ENV_PREFIX}JOB_HEARTBEAT_SECONDS ({heartbeat:g}), so that a process whose "
+            "event loop is blocked exits before its jobs' leases expire",
+            given["JOB_LEASE_SECONDS"],
+        )
+
+
+def check_gunicorn_timeout(config: Mapping[str, Any], timeout: float) -> None:
+    """Under gunicorn, whose master kills a worker that has not said it lives
+    for `timeout` seconds (its event loop blocked): a worker that runs jobs
+    must be killed before their leases expire. ConfigError (one line) if not;
+    `config` is a checked configuration."""
+    if not config["JOB_POOL_IN_WEB"]:
+        return  # web-only workers hold no lease
+    if timeout <= 0:
+        raise ConfigError(
+            "gunicorn's timeout is 0, which never kills a worker whose event loop is blocked: "
+            "its jobs' leases would expire while it lives; set one (gunicorn.conf.py), or run "
+            f"the jobs in `flask jobs work` processes ({ENV_PREFIX}JOB_POOL_IN_WEB=false)"
+        )
+    lease, heartbeat = config["JOB_LEASE_SECONDS"], config["JOB_HEARTBEAT_SECONDS"]
+    if not lease > timeout + heartbeat:
+        raise ConfigError(
+            f"{ENV_PREFIX}JOB_LEASE_SECONDS: must exceed gunicorn's timeout ({timeout:g}) plus "
+            f"{ENV_PREFIX}JOB_HEARTBEAT_SECONDS ({heartbeat:g}), so that gunicorn kills a "
+            f"worker whose event loop is blocked before its jobs' leases expire (got {lease:g})"
+        )
 
 
 def _error(key: str, reason: str, value: Any) -> ConfigError:

@@ -20,6 +20,10 @@ ENV_PREFIX = "MEALQUEST_"
 # lease and rescues expired ones twice per lease.
 HEARTBEATS_PER_LEASE = 3
 RESCUES_PER_LEASE = 2
+# Without an explicit value, a `flask jobs work` process exits once its event
+# loop has been blocked ten times as long as the hub monitor lets a handler
+# hold it before naming it.
+BLOCKED_EXIT_PER_MAX_BLOCKING = 10
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,9 @@ SETTINGS: tuple[Setting, ...] = (
         60.0,
         rules.positive,
         "a running job's lease; a job whose process stops renewing it is rescued after "
-        "this. Keep it above gunicorn's `timeout` plus a heartbeat, so a worker whose "
-        "event loop is blocked is killed before its jobs' leases can expire",
+        "this. It must exceed `MEALQUEST_JOB_BLOCKED_EXIT_SECONDS` plus a heartbeat, and "
+        "under gunicorn its `timeout` plus a heartbeat (refused otherwise), so that a "
+        "process whose event loop is blocked is gone before its jobs' leases can expire",
     ),
     Setting(
         "JOB_HEARTBEAT_SECONDS",
@@ -160,6 +165,19 @@ SETTINGS: tuple[Setting, ...] = (
         rules.not_negative,
         "a handler that holds the event loop longer is named at ERROR with its job id and "
         "kind (gevent's hub monitor); `0` turns the monitor off",
+    ),
+    Setting(
+        "JOB_BLOCKED_EXIT_SECONDS",
+        None,
+        rules.derived(rules.positive),
+        "a `flask jobs work` process whose event loop stays blocked this long exits at once "
+        "(status 1, one line on stderr), as gunicorn kills such a worker after its `timeout`, "
+        "so that its jobs' leases cannot expire while it lives. `MEALQUEST_JOB_LEASE_SECONDS` "
+        "must exceed it plus a heartbeat (and, under gunicorn, gunicorn's `timeout` plus a "
+        "heartbeat); a start that breaks either is refused with one line. See [What a handler "
+        "must not do](#what-a-handler-must-not-do)",
+        shown="ten times `MEALQUEST_JOB_MAX_BLOCKING_SECONDS` (`10.0`; ten times its "
+        "default when that is `0`)",
     ),
     Setting(
         "JOB_MAX_PENDING_PER_HOUSEHOLD",

@@ -22,7 +22,8 @@ from mealquest.db import migrations
 from mealquest.db.errors import StoreError
 from mealquest.jobs import flow, retention
 from mealquest.jobs.errors import JobsError
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.runner.blocked_exit import BlockedLoopExit
+from mealquest.jobs.service import JobService, get_jobs
 from mealquest.masking import mask
 from mealquest.metrics.standalone import serve_configured as serve_metrics
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
@@ -281,10 +282,24 @@ def jobs_work() -> None:
     """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully.
 
     Exits 1 after the same graceful stop if the pool finds it cannot go on,
-    so that a supervisor (systemd's `Restart=on-failure`) starts a new one.
+    so that a supervisor (systemd's `Restart=on-failure`) starts a new one;
+    and 1 at once, without one, if its event loop stays blocked past
+    MEALQUEST_JOB_BLOCKED_EXIT_SECONDS, before its jobs' leases can expire.
     """
     _restart_monkey_patched()
     service = get_jobs()
+    # Before the first claim: no lease of this process may outlive a block.
+    blocked_exit = BlockedLoopExit(float(current_app.config["JOB_BLOCKED_EXIT_SECONDS"]))
+    blocked_exit.start()
+    try:
+        _work(service)
+    finally:
+        blocked_exit.stop()
+
+
+def _work(service: JobService) -> None:
+    """The pool's life in this process: started, run until a signal or its own
+    failure, then stopped gracefully."""
     stop_requested = gevent.event.Event()
     fatal: list[str] = []
 

@@ -19,8 +19,8 @@ from mealquest.clock import seconds, utc_now
 from tests.support.servers import (
     APP,
     BIN,
-    LEASE_SECONDS,
     RESCUE_SECONDS,
+    TIMEOUT,
     HeldServer,
     Process,
     enqueue,
@@ -165,7 +165,8 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
 
 
 def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, start_gunicorn, gates):
-    server = start_gunicorn(workers=2, graceful_timeout=5)
+    # A lease above the longer timeout (6 s) that goes with the longer grace.
+    server = start_gunicorn(workers=2, graceful_timeout=5, config={"JOB_LEASE_SECONDS": 7.0})
     short = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("short")})
     long = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("long")})
     long_retried = enqueue(server.url, served.token, "pid_gate_retried", {"url": gates.url("long")})
@@ -203,16 +204,18 @@ def test_sigterm_to_the_master_finishes_or_records_every_running_job(served, sta
 def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     served, start_gunicorn, gates, tmp_path
 ):
-    """Jobs held past their lease while their workers drain (SIGHUP and
-    max_requests replace them), so a draining worker must keep renewing it and
-    new workers' rescues must leave live jobs alone. The grace is longer than
-    any hold: the jobs finish when the test opens their gate. Each pool has a
-    slot for every job, so whichever worker still claims can hold them all."""
+    """Jobs held while their workers drain (SIGHUP and max_requests replace
+    them): a draining worker keeps renewing their leases, and new workers'
+    rescues leave live jobs alone. The grace is longer than any hold, and the
+    lease longer than gunicorn's timeout that goes with it (as the
+    configuration requires): the jobs finish when the test opens their gate.
+    Each pool has a slot for every job, so whichever worker still claims can
+    hold them all."""
     server = start_gunicorn(
         workers=2,
         graceful_timeout=60,
-        config={"JOB_WORKERS": 12},
-        extra_args=("--timeout", "60", "--max-requests", "4", "--max-requests-jitter", "0"),
+        config={"JOB_WORKERS": 12, "JOB_LEASE_SECONDS": 62.0},
+        extra_args=("--max-requests", "4", "--max-requests-jitter", "0"),
     )
     log = tmp_path / "runs.log"
     first_workers = set(server.worker_pids())
@@ -232,16 +235,20 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
     # Six requests on the two new workers: one of them at least keeps claiming.
     ids += [enqueue(server.url, served.token, "pid_gate", payload) for _ in range(6)]
     wait_until(lambda: len(runs_by_job(log, "start")) == len(ids), DEADLINE, "jobs did not start")
+    rows = jobs_by_id(served.store)
+    claimed_until = {job_id: rows[job_id]["lease_expires_at"] for job_id in ids}
     held_since = utc_now()
 
-    def held_for_a_lease() -> bool:
+    def renewed_while_held() -> bool:
         rows = jobs_by_id(served.store)
         states = {job_id: (rows[job_id]["status"], rows[job_id]["attempt"]) for job_id in ids}
         assert set(states.values()) == {("running", 1)}, states
-        return utc_now() > held_since + seconds(LEASE_SECONDS + 2 * RESCUE_SECONDS)
+        renewed = all(rows[job_id]["lease_expires_at"] > claimed_until[job_id] for job_id in ids)
+        # Every worker's rescuer has looked at them a few times meanwhile.
+        return renewed and utc_now() > held_since + seconds(3 * RESCUE_SECONDS)
 
-    # Unless renewed, every lease would have expired meanwhile, and rescuers run.
-    wait_until(held_for_a_lease, DEADLINE, "jobs were not held for a lease")
+    # The draining workers' leases too: renewed by the heartbeats of a drain.
+    wait_until(renewed_while_held, DEADLINE, "the held jobs' leases were not renewed")
     assert "Autorestarting worker" in server.log()
     assert "Hang up" in server.log()
     gates.open("held")
@@ -263,7 +270,8 @@ def test_recycling_and_sighup_fail_no_job_and_run_none_twice(
 def test_web_only_workers_leave_jobs_to_flask_jobs_work(
     served, start_gunicorn, processes, tmp_path
 ):
-    server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False})
+    # gunicorn's own timeout: web-only workers hold no lease it could outlast.
+    server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False}, timeout=30)
     job_id = enqueue(server.url, served.token, "pid", {})
     env = serving_env(served.database)
     env["FLASK_APP"] = "tests.support.serving_app"
@@ -287,7 +295,11 @@ def test_gunicorn_refuses_an_unmigrated_database_with_one_clear_first_line(tmp_p
     migrate.upgrade(behind, target=2)
     for path in (behind, str(tmp_path / "missing.sqlite3")):
         result = subprocess.run(
-            [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", APP],
+            [
+                *(str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"),
+                # The timeout that fits the tests' short lease.
+                *("--timeout", str(TIMEOUT), APP),
+            ],
             cwd=Path(__file__).resolve().parents[2],
             env=serving_env(path),
             capture_output=True,

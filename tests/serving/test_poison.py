@@ -25,6 +25,7 @@ CONFIG = {
     "JOB_HEARTBEAT_SECONDS": 1.0,
     "JOB_RESCUE_SECONDS": 1.0,
     "JOB_MAX_BLOCKING_SECONDS": 0.5,
+    "JOB_BLOCKED_EXIT_SECONDS": 4.0,
 }
 
 
@@ -33,7 +34,7 @@ def test_a_poison_pill_fails_at_its_third_interruption(served, start_gunicorn):
         workers=1,
         config=CONFIG,
         graceful_timeout=2,
-        extra_args=("--timeout", str(TIMEOUT_SECONDS)),
+        timeout=TIMEOUT_SECONDS,
     )
     pill = enqueue(server.url, served.token, "hog", {})
     row = wait_until(lambda: final_jobs(served.store, [pill]), DEADLINE, "the pill never ended")

@@ -19,7 +19,7 @@ import pytest
 from mealquest.db import migrations
 from mealquest.db.sqlite import migrate
 from tests.support.ledger import add_migration_row, add_newer_migration
-from tests.support.servers import APP, BIN, http, serving_env, wait_until
+from tests.support.servers import APP, BIN, TIMEOUT, http, serving_env, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 WARNING = "has migrations this code does not know ({name}): serving it"
@@ -82,9 +82,13 @@ def test_workers_restarted_after_the_next_release_migrated_keep_serving(served, 
 
 
 def start_refused(db_path: str) -> str:
-    """gunicorn's output when it refuses to start on `db_path` (it must)."""
+    """gunicorn's output when it refuses to start on `db_path` (it must), with
+    the tests' short lease and the timeout that fits it."""
     result = subprocess.run(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", APP],
+        [
+            *(str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0"),
+            *("--timeout", str(TIMEOUT), APP),
+        ],
         cwd=REPO,
         env=serving_env(db_path),
         capture_output=True,

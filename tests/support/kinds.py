@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import gevent
+from gevent.monkey import get_original
 from marshmallow import Schema, ValidationError, fields, post_load, pre_load, validates_schema
 
 from mealquest.jobs.context import JobContext
@@ -85,6 +87,11 @@ class RatedSchema(Schema):
     key = fields.String(required=True)
 
 
+class BlockHubSchema(Schema):
+    pid = fields.Integer(required=True, strict=True)
+    log = fields.String(required=True)
+
+
 def succeed(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {"value": payload["value"]}
 
@@ -160,6 +167,33 @@ def most_at_once(log_path: str) -> int:
             running += 1 if line.startswith("+") else -1
             most = max(most, running)
     return most
+
+
+# A sleep that holds the event loop even in a monkey-patched process.
+_blocking_sleep = get_original("time", "sleep")
+
+
+def block_hub_in(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """In the process `pid`, holds its event loop (a sleep gevent cannot make
+    cooperative) until that process dies; in any other, returns at once.
+    Each start is logged as `start JOB_ID PID`."""
+    _append_line(payload["log"], f"start {ctx.job_id} {os.getpid()}")
+    if os.getpid() == payload["pid"]:
+        while True:
+            _blocking_sleep(60)
+    return {"pid": os.getpid()}
+
+
+def busy(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Keeps the CPU busy for `seconds`, letting the event loop run between
+    slices of a few milliseconds, as a well-behaved CPU-heavy handler does."""
+    end = time.monotonic() + payload["seconds"]
+    while time.monotonic() < end:
+        slice_end = time.monotonic() + 0.005
+        while time.monotonic() < slice_end:
+            pass
+        gevent.sleep(0)
+    return {}
 
 
 def sleep_on_first_attempt(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -336,6 +370,14 @@ def register_test_kinds(registry: Registry) -> None:
         options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
     )
     registry.register("bad_result", bad_result, payload=EmptySchema, result=ValueSchema)
+    registry.register(
+        "block_hub_in",
+        block_hub_in,
+        payload=BlockHubSchema,
+        result=GatePassedSchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    registry.register("busy", busy, payload=SecondsSchema, result=EmptySchema)
     registry.register(
         "until_cancelled",
         until_cancelled,

@@ -34,11 +34,18 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 APP = "tests.support.serving_app:app"
 
-# Short runner times so that rescues happen within seconds.
-LEASE_SECONDS = 2.0
+# Short runner times so that rescues happen within seconds. gunicorn kills a
+# worker whose event loop is blocked after its `timeout` (GRACEFUL_TIMEOUT +
+# 1 here, as gunicorn.conf.py requires), `flask jobs work` exits after
+# BLOCKED_EXIT_SECONDS: the lease must exceed each plus a heartbeat.
+GRACEFUL_TIMEOUT = 4
+# The timeout of a gunicorn started with GRACEFUL_TIMEOUT.
+TIMEOUT = GRACEFUL_TIMEOUT + 1
+LEASE_SECONDS = 6.0
 HEARTBEAT_SECONDS = 0.4
 RESCUE_SECONDS = 0.3
 POLL_SECONDS = 0.2
+BLOCKED_EXIT_SECONDS = 5.0
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -233,6 +240,7 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
             "MEALQUEST_JOB_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
             "MEALQUEST_JOB_RESCUE_SECONDS": str(RESCUE_SECONDS),
             "MEALQUEST_JOB_POLL_SECONDS": str(POLL_SECONDS),
+            "MEALQUEST_JOB_BLOCKED_EXIT_SECONDS": str(BLOCKED_EXIT_SECONDS),
             # No hourly prune job appearing among a test's jobs (retention's
             # own tests turn it on).
             "MEALQUEST_JOB_RETENTION_DAYS": "0",
@@ -250,7 +258,9 @@ def serving_env(database: str | Mapping[str, Any], **config: Any) -> dict[str, s
 
 
 class Gunicorn(Process):
-    """gunicorn with the real gunicorn.conf.py serving the test app."""
+    """gunicorn with the real gunicorn.conf.py serving the test app; its
+    `timeout` a second above the graceful timeout unless given (TIMEOUT with
+    the default one)."""
 
     def __init__(
         self,
@@ -258,7 +268,8 @@ class Gunicorn(Process):
         env: Mapping[str, str],
         *,
         workers: int = 2,
-        graceful_timeout: float = 4,
+        graceful_timeout: int = GRACEFUL_TIMEOUT,
+        timeout: int | None = None,
         extra_args: tuple[str, ...] = (),
         app: str | None = None,
     ) -> None:
@@ -276,6 +287,8 @@ class Gunicorn(Process):
             str(workers),
             "--graceful-timeout",
             str(graceful_timeout),
+            "--timeout",
+            str(graceful_timeout + 1 if timeout is None else timeout),
             *extra_args,
             app or APP,
         ]
