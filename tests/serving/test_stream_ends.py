@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from tests.support.events import EventStream
-from tests.support.servers import enqueue
+from tests.support.servers import TIMEOUT, enqueue
 
 pytestmark = pytest.mark.both_databases
 
@@ -29,8 +29,9 @@ def test_a_stream_ends_after_its_longest_time(served, start_gunicorn, gates):
 
 def test_a_stopping_worker_ends_its_streams_and_is_not_held_by_them(served, start_gunicorn, gates):
     # A graceful timeout far longer than the test waits: a worker that waited
-    # for its open stream would outlast the deadline below.
-    server = start_gunicorn(workers=1, graceful_timeout=300, config=FAST_STREAMS)
+    # for its open stream would outlast the deadline below. The worker's own
+    # timeout stays the one the tests' short lease allows.
+    server = start_gunicorn(workers=1, graceful_timeout=300, timeout=TIMEOUT, config=FAST_STREAMS)
     job_id = enqueue(server.url, served.token, "pid_gate", {"url": gates.url("g")})
     stream = EventStream(f"{server.url}/api/v1/jobs/{job_id}/events", served.token)
     assert stream.next().name == "job"
