@@ -43,7 +43,7 @@ SQLITE_FIGURES = (
     "latency_remote_p99",
     "http_job_rps",
     "http_job_p99",
-    "http_enqueue_vs_raw",
+    "http_enqueue_vs_trivial",
     "http_enqueue_p99",
     "enqueue_many_vs_single",
     "wal_pages_per_enqueue",
@@ -246,27 +246,26 @@ def measure_http(sizes: Sizes, workdir: Path, generator: str) -> list[dict]:
 
 
 def measure_enqueue(sizes: Sizes, workdir: Path, log: Path, generator: str) -> list[dict]:
-    http, raw = enqueue.serve_and_enqueue(
+    http, trivial = enqueue.serve_and_enqueue(
         workdir,
         sizes.http_seconds,
         sizes.http_connections,
-        sizes.repeats,
+        sizes.http_rounds,
         generator,
         SYNCHRONOUS,
-        log,
     )
+    what = f"trivial JSON route, same gunicorn ({http['generator']})"
     rps = figure(
-        "http_enqueue_vs_raw",
+        "http_enqueue_vs_trivial",
         http["requests_per_s"],
         "req/s",
-        raw["inserts_per_s"],
-        "rows/s",
-        f"{sizes.http_connections} threads inserting one row per transaction "
-        f"(HTTP load by {http['generator']})",
-        "≥ 0.8x",
+        trivial["requests_per_s"],
+        "req/s",
+        what,
+        "≥ 0.5x",
     )
-    rps["met"] = _at_least(rps["ratio"], 0.8)
-    p99 = figure("http_enqueue_p99", http["p99_ms"], "ms", None, "", "", "report", ratio=False)
+    rps["met"] = _at_least(rps["ratio"], 0.5)
+    p99 = figure("http_enqueue_p99", http["p99_ms"], "ms", trivial["p99_ms"], "ms", what, "report")
     runs = []
     for repeat in range(sizes.repeats):
         db, household = fresh_database(workdir, f"many-{repeat}.sqlite3")
