@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import subprocess
 import sys
 import time
 import uuid
@@ -182,7 +181,8 @@ def procrastinate_child(args: dict) -> dict:
 def pgqueuer_child(args: dict) -> dict:
     """The other peer: pgqueuer's asyncio `QueueManager` in drain mode (it returns once
     the queue is empty and its tasks are done) on an empty database of the same
-    server, its schema made by its own `pgq install`, a no-op async entrypoint,
+    server, its schema made as its `pgq install` makes it (`Queries.install`, in
+    this process: the command's own start costs seconds), a no-op async entrypoint,
     `batch` jobs per dequeue (and per batch of logged outcomes; None: pgqueuer's
     default, whatever its `run` says it is).
 
@@ -208,19 +208,12 @@ def pgqueuer_child(args: dict) -> dict:
 
     url, n = args["url"], args["jobs"]
     batch = args["batch"] or inspect.signature(QueueManager.run).parameters["batch_size"].default
-    subprocess.run(
-        [sys.executable, "-m", "pgqueuer", "--pg-dsn", url, "install"],
-        stdin=subprocess.DEVNULL,
-        stdout=sys.stderr,
-        stderr=sys.stderr,
-        timeout=120,
-        check=True,
-    )
     done = {"count": 0}
 
     async def run() -> dict:
         connection = await psycopg.AsyncConnection.connect(url, autocommit=True)
         queries = Queries(PsycopgDriver(connection))
+        await queries.install()
         watching = await psycopg.AsyncConnection.connect(url, autocommit=True)
         watcher = Queries(PsycopgDriver(watching))
         started = time.perf_counter()
