@@ -26,7 +26,7 @@ import pytest
 
 from mealquest.db.driver import Store
 from mealquest.households import create_household
-from mealquest.jobs.outcome import MAX_RESULT_BYTES
+from mealquest.model.jobs import MAX_RESULT_BYTES
 from mealquest.pagination import MAX_PAGE_BYTES
 from tests.serving.test_access_log import LINE
 from tests.support.pages import PageServer, recipe_page

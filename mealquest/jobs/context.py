@@ -13,8 +13,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import LeaseLost, ResultTooLarge
-from mealquest.jobs.outcome import MAX_RESULT_BYTES
-from mealquest.model.jobs import DEFAULT_PRIORITY, Job, Lease, NewJob
+from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_RESULT_BYTES, Job, Lease, NewJob
 
 T = TypeVar("T")
 P = ParamSpec("P")

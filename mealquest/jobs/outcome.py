@@ -18,9 +18,6 @@ from mealquest.model.jobs import Attempt, Lease, NewJob, Status, Transition
 # A `Failure` message is for a person to read in a job's answer: one longer
 # than this (a page's whole text, say) is cut, not stored and served in full.
 MAX_FAILURE_MESSAGE = 2_000
-# The largest result, partial or final, a job may store (as JSON): every poll
-# of the job reads and answers it, and a list answers a page of them.
-MAX_RESULT_BYTES = 256 * 1024
 _CUT = "…"
 
 

@@ -53,6 +53,9 @@ class OnInterrupt(enum.StrEnum):
 # Interruptions in a row after which a `requeue` job fails: a job that kills
 # its process (a poison pill) stops coming back.
 MAX_INTERRUPTIONS = 3
+# The largest result, partial or final, a job may store (as JSON): every poll
+# of the job reads and answers it, and a list answers a page of them.
+MAX_RESULT_BYTES = 256 * 1024
 
 # Errors the runner stores itself; each is safe to show the household.
 MESSAGE_INTERNAL = "internal error"

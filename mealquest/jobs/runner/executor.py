@@ -26,7 +26,6 @@ from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.outcome import (
     CANCELLED,
-    MAX_RESULT_BYTES,
     Outcome,
     bounded_failure_message,
     failed,
@@ -38,6 +37,7 @@ from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
 from mealquest.masking import mask
 from mealquest.model.jobs import (
+    MAX_RESULT_BYTES,
     MESSAGE_INTERNAL,
     MESSAGE_TIMED_OUT,
     Attempt,
