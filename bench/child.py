@@ -4,16 +4,15 @@ Patched by gevent first, as a gunicorn gevent worker is. Log lines (ours at
 INFO, as deployed, and huey's) go to the file named by `log`, not a pipe the
 parent would have to drain. The result is one JSON line on stdout.
 
-A peer whose library runs its own asyncio loop (procrastinate's worker) runs
-unpatched, as it is meant to; so do the raw concurrent inserts, whose
-threads must be native.
+A peer whose library runs its own asyncio loop (procrastinate's and
+pgqueuer's workers) runs unpatched, as it is meant to.
 """
 
 import sys
 
 from gevent import monkey
 
-UNPATCHED = frozenset({"pg_procrastinate", "enqueue_raw_concurrent"})
+UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer"})
 
 if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
     pass

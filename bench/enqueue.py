@@ -4,10 +4,9 @@
   (the project's `gunicorn.conf.py`, 2 gevent workers, each with its job
   pool) with the kind's handler swapped for a no-op (`bench.app`): the pools
   drain what is posted, so the queue stays short, as a served deployment's
-  does. Alternated, round by round, with the baseline:
-  the same number of native threads, each with its own connection, inserting
-  one row per transaction (`BEGIN IMMEDIATE`, our INSERT, `COMMIT`) into a
-  migrated file, our pragmas, SQLite's busy handler deciding who writes.
+  does. Alternated, round by round, with the baseline: `GET /bench/trivial`
+  (`{"status": "ok"}`) on the same gunicorn, loaded the same way, so the
+  ratio is what the enqueue route costs above serving a route at all.
 * `many_child`: 1,000 jobs by one `enqueue_many` against 1,000 `enqueue`
   calls, one after another, in one process, each from an empty queue (the
   queue is emptied before each; the household's quota just above 1,000, as a
@@ -25,7 +24,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -37,8 +35,6 @@ from bench.common import (
     free_port,
     fresh_database,
     median,
-    run_child,
-    store_pragmas,
     wait_until,
 )
 from bench.loadgen import run_load
@@ -50,37 +46,6 @@ from mealquest.clock import to_text
 IMPORT_BODY = '{"url": "https://example.com/recipe"}'
 _WAL_HEADER_BYTES = 32
 _FRAME_HEADER_BYTES = 24
-
-
-def raw_concurrent_child(args: dict) -> dict:
-    """The baseline: `threads` native threads inserting single rows for `seconds` (unpatched)."""
-    db, household, threads = args["db"], args["household"], args["threads"]
-    deadline = time.perf_counter() + args["seconds"]
-    counts = [0] * threads
-    ready = threading.Barrier(threads + 1)
-
-    def insert(index: int) -> None:
-        conn = sqlite3.connect(db, isolation_level=None, timeout=5.0, check_same_thread=False)
-        store_pragmas(conn, args["synchronous"])
-        conn.execute("PRAGMA busy_timeout = 5000")
-        ready.wait()
-        while time.perf_counter() < deadline:
-            now = to_text(datetime.now(UTC))
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(INSERT, (uuid.uuid4().hex, household, "noop", "{}", 1, now, now, now))
-            conn.execute("COMMIT")
-            counts[index] += 1
-        conn.close()
-
-    workers = [threading.Thread(target=insert, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    ready.wait()
-    started = time.perf_counter()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
-    return {"inserts_per_s": sum(counts) / elapsed}
 
 
 def _answers(url: str) -> bool:
@@ -98,9 +63,9 @@ def serve_and_enqueue(
     repeats: int,
     generator: str,
     synchronous: str,
-    log: Path,
 ) -> tuple[dict, dict]:
-    """Requests/s of concurrent HTTP enqueues, and inserts/s of as many raw inserting threads."""
+    """Requests/s and p99 of concurrent HTTP enqueues, and of the trivial route on the
+    same gunicorn, the two loaded in alternating rounds."""
     db, household = fresh_database(workdir, "http-enqueue.sqlite3")
     token, _ = _seed(db, household)
     port = free_port()
@@ -135,11 +100,12 @@ def serve_and_enqueue(
     )
     base = f"http://127.0.0.1:{port}"
     url = f"{base}/api/v1/recipe-imports"
+    trivial_url = f"{base}/bench/trivial"
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    http, raw = [], []
+    http, trivial = [], []
     try:
         wait_until(
-            lambda: _answers(f"{base}/bench/trivial") or server.poll() is not None,
+            lambda: _answers(trivial_url) or server.poll() is not None,
             timeout=60,
             interval=0.1,
             what="gunicorn answering",
@@ -147,23 +113,11 @@ def serve_and_enqueue(
         if server.poll() is not None:
             raise RuntimeError(f"gunicorn exited:\n{server_log.read_text()[-4000:]}")
         # Warm up (imports, connections, the writer threads) before timing.
+        run_load(trivial_url, {}, min(1.0, seconds), connections, generator)
         run_load(url, headers, min(1.0, seconds), connections, generator, body=IMPORT_BODY)
-        for repeat in range(repeats):
+        for _ in range(repeats):
+            trivial.append(run_load(trivial_url, {}, seconds, connections, generator))
             http.append(run_load(url, headers, seconds, connections, generator, body=IMPORT_BODY))
-            raw_db, raw_household = fresh_database(workdir, f"raw-enqueue-{repeat}.sqlite3")
-            raw.append(
-                run_child(
-                    "enqueue_raw_concurrent",
-                    {
-                        "db": raw_db,
-                        "household": raw_household,
-                        "threads": connections,
-                        "seconds": seconds,
-                        "synchronous": synchronous,
-                        "log": str(log),
-                    },
-                )
-            )
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
@@ -172,17 +126,18 @@ def serve_and_enqueue(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    for run in http:
+    for run in http + trivial:
         if run["non_200"]:
-            raise RuntimeError(f"{run['non_200']} enqueue answers were not 2xx")
-    return (
-        {
-            "requests_per_s": median([r["requests_per_s"] for r in http]),
-            "p99_ms": median([r["p99_ms"] for r in http]),
-            "generator": http[0]["generator"],
-        },
-        {"inserts_per_s": median([r["inserts_per_s"] for r in raw])},
-    )
+            raise RuntimeError(f"{run['non_200']} answers were not 2xx")
+
+    def summary(runs: list[dict]) -> dict:
+        return {
+            "requests_per_s": median([r["requests_per_s"] for r in runs]),
+            "p99_ms": median([r["p99_ms"] for r in runs]),
+            "generator": runs[0]["generator"],
+        }
+
+    return summary(http), summary(trivial)
 
 
 def many_child(args: dict) -> dict:
@@ -265,7 +220,6 @@ def wal_child(args: dict) -> dict:
 
 
 CHILDREN = {
-    "enqueue_raw_concurrent": raw_concurrent_child,
     "enqueue_many": many_child,
     "enqueue_wal": wal_child,
 }

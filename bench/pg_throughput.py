@@ -1,5 +1,5 @@
-"""Runner throughput on PostgreSQL: against a raw psycopg loop, against procrastinate,
-and two worker processes against one.
+"""Runner throughput on PostgreSQL: against a raw psycopg loop, against procrastinate
+and pgqueuer, and two worker processes against one.
 
 Each run drains `n` no-op jobs enqueued ahead, in a database of its own on
 one server. Our runner and the raw loop do the same work per job: an insert,
@@ -178,10 +178,83 @@ def procrastinate_child(args: dict) -> dict:
     return asyncio.run(run())
 
 
+def pgqueuer_child(args: dict) -> dict:
+    """The other peer: pgqueuer's asyncio `QueueManager` in drain mode (it returns once
+    the queue is empty and its tasks are done) on an empty database of the same
+    server, its schema made as its `pgq install` makes it (`Queries.install`, in
+    this process: the command's own start costs seconds), a no-op async entrypoint,
+    `batch` jobs per dequeue (and per batch of logged outcomes; None: pgqueuer's
+    default, whatever its `run` says it is).
+
+    Unpatched, in an event loop of its own, as its worker runs. Its driver is
+    psycopg's async connection (ours is psycopg too; pgqueuer's own benchmark
+    defaults to asyncpg, which the bench does not install).
+    """
+    import inspect
+
+    import psycopg
+    from pgqueuer import QueueManager
+    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.models import Job
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    # pgqueuer's logger, at INFO to the log file as ours is (it logs no line per job).
+    peer_logger = logging.getLogger("pgqueuer")
+    peer_logger.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    peer_logger.addHandler(handler)
+
+    url, n = args["url"], args["jobs"]
+    batch = args["batch"] or inspect.signature(QueueManager.run).parameters["batch_size"].default
+    done = {"count": 0}
+
+    async def run() -> dict:
+        connection = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        queries = Queries(PsycopgDriver(connection))
+        await queries.install()
+        watching = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        watcher = Queries(PsycopgDriver(watching))
+        started = time.perf_counter()
+        await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+        enqueued = time.perf_counter()
+        manager = QueueManager(queries)
+
+        @manager.entrypoint("noop")
+        async def noop(job: Job) -> None:
+            done["count"] += 1
+
+        # Drained when no job is queued or picked, as ours is timed (until no job
+        # is queued or running): its `run` returns some seconds later, once its
+        # background tasks have stopped, and that tail is not draining.
+        worker = asyncio.create_task(manager.run(batch_size=batch, mode=QueueExecutionMode.drain))
+        while not worker.done() and (
+            done["count"] < n or sum(size.count for size in await watcher.queue_size())
+        ):
+            await asyncio.sleep(0.001)
+        drained = time.perf_counter()
+        manager.shutdown.set()
+        await worker
+        left = sum(size.count for size in await watcher.queue_size())
+        await watching.close()
+        await connection.close()
+        if left or done["count"] != n:
+            raise RuntimeError(f"pgqueuer drained {done['count']} of {n}, {left} left queued")
+        return {
+            "enqueue_seconds": enqueued - started,
+            "drain_seconds": drained - enqueued,
+            "batch": batch,
+        }
+
+    return asyncio.run(run())
+
+
 CHILDREN = {
     "pg_raw": raw_child,
     "pg_runner": runner_child,
     "pg_procrastinate": procrastinate_child,
+    "pg_pgqueuer": pgqueuer_child,
 }
 
 
