@@ -384,3 +384,48 @@ def test_a_page_of_jobs_stops_at_its_byte_bound_and_the_next_continues(
             break
     assert pages > 1
     assert seen == list(reversed(made))  # every job once, newest first
+
+
+def test_a_queued_job_says_its_kind_is_paused_or_its_partition_holds_it(
+    client, auth, jobs, store, household
+):
+    from mealquest.jobs import flow
+    from mealquest.model.jobs import ClaimRequest
+    from mealquest.model.processes import ProcessEntry
+
+    # A live process runs the kinds, so that what holds the jobs is the flow.
+    kinds = ("rated_hourly", "one_per_key", "succeed")
+    entry = ProcessEntry(owner="p1", host="h", pid=1, kinds=kinds, slots=4)
+    store.write(store.processes.register_process, entry, forget_after_seconds=3600)
+    mine = household.household_id
+    limits = jobs.registry.partition_limits()
+
+    def claim(kind: str, limit: int) -> list[str]:
+        request = ClaimRequest(
+            owner="w.1", lease_seconds=60, limit=limit, kinds=(kind,), partitions=limits
+        )
+        return [job.id for job in store.write(store.jobs.claim, request)]
+
+    def waiting_for(job_id: str) -> str:
+        response = client.get(f"/api/v1/jobs/{job_id}", headers=auth)
+        assert response.status_code == 200
+        return response.get_json()["queue"]["waiting_for"]
+
+    # Its partition's rate is spent (2 an hour), or its limit of running jobs (1).
+    rated = [jobs.enqueue("rated_hourly", {"key": "p"}, household_id=mine) for _ in range(3)]
+    assert claim("rated_hourly", 3) == rated[:2]
+    held = [jobs.enqueue("one_per_key", {"key": "q"}, household_id=mine) for _ in range(2)]
+    assert claim("one_per_key", 2) == held[:1]
+    free = jobs.enqueue("succeed", {"value": 1}, household_id=mine)
+    assert (waiting_for(rated[2]), waiting_for(held[1]), waiting_for(free)) == (
+        "rate_limit",
+        "rate_limit",
+        "turn",
+    )
+
+    # A pause comes first, whatever else holds the job.
+    flow.pause(store, jobs.registry, "one_per_key")
+    flow.pause(store, jobs.registry, "succeed")
+    assert (waiting_for(held[1]), waiting_for(free)) == ("paused", "paused")
+    flow.resume(store, "succeed")
+    assert waiting_for(free) == "turn"

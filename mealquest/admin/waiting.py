@@ -9,6 +9,7 @@ the queue holds.
 from __future__ import annotations
 
 from mealquest.db.driver import Store
+from mealquest.jobs import flow
 from mealquest.jobs.registry import Registry
 from mealquest.masking import mask
 from mealquest.model.jobs import Job, Status
@@ -22,21 +23,19 @@ def why_waiting(store: Store, registry: Registry, job: Job) -> str | None:
     paused = {entry.kind: entry for entry in store.read(store.flow.paused_kinds)}
     if job.kind in paused:
         return f"Its kind is paused (since {paused[job.kind].paused_at}): no process claims it."
-    kind = registry.get(job.kind)
-    limits = kind.options.partition_limits if kind is not None else None
-    if limits is None or job.partition_key is None:
+    hold = flow.partition_hold(store, registry, job)
+    if hold is None:
         return None
-    state = store.read(store.flow.partition_state, job.kind, job.partition_key)
-    partition = mask(job.partition_key)
+    limits, state = hold
+    partition = mask(job.partition_key or "")
     if limits.max_running is not None and state.running >= limits.max_running:
         return (
             f"Its partition {partition} has {state.running} jobs running, "
             f"its limit of {limits.max_running}."
         )
-    if limits.rate is not None and state.blocked_until is not None:
-        return (
-            f"Its partition {partition} started {limits.rate.count} jobs in "
-            f"{limits.rate.per_seconds:g} s, as many as its rate allows; "
-            f"it may start more at {state.blocked_until}."
-        )
-    return None
+    assert limits.rate is not None
+    return (
+        f"Its partition {partition} started {limits.rate.count} jobs in "
+        f"{limits.rate.per_seconds:g} s, as many as its rate allows; "
+        f"it may start more at {state.blocked_until}."
+    )

@@ -15,7 +15,7 @@ import enum
 from mealquest.db.driver import Store
 from mealquest.jobs.errors import UnknownKind
 from mealquest.jobs.registry import Registry
-from mealquest.model.jobs import PausedKind
+from mealquest.model.jobs import Job, PartitionLimits, PartitionState, PausedKind
 
 
 class Change(enum.Enum):
@@ -44,3 +44,20 @@ def resume(store: Store, kind: str) -> Change:
 def paused(store: Store) -> list[PausedKind]:
     """The paused kinds, as the database holds them now."""
     return store.read(store.flow.paused_kinds)
+
+
+def partition_hold(
+    store: Store, registry: Registry, job: Job
+) -> tuple[PartitionLimits, PartitionState] | None:
+    """The job's kind's partition limits and its partition's state, when they
+    hold the job back now (at its limit of running jobs, or its rate spent);
+    None when its kind has no limits or its partition has room. A probe of
+    the partition's running jobs and one of its rate ledger."""
+    kind = registry.get(job.kind)
+    limits = kind.options.partition_limits if kind is not None else None
+    if limits is None or job.partition_key is None:
+        return None
+    state = store.read(store.flow.partition_state, job.kind, job.partition_key)
+    full = limits.max_running is not None and state.running >= limits.max_running
+    spent = limits.rate is not None and state.blocked_until is not None
+    return (limits, state) if full or spent else None

@@ -37,6 +37,7 @@ from typing import Any
 
 from mealquest.clock import from_text, to_text
 from mealquest.db.driver import Store
+from mealquest.jobs import flow
 from mealquest.jobs.registry import Registry
 from mealquest.model.jobs import Job, Status
 from mealquest.model.processes import ProcessEntry
@@ -81,6 +82,9 @@ class QueueFacts:
     standing: Standing
     live_kinds: frozenset[str]
     kind_cap: int | None = None
+    # An operator paused its kind; its partition's limits hold it back now.
+    paused: bool = False
+    partition_held: bool = False
 
 
 def waiting_for(job: Job, facts: QueueFacts) -> WaitingFor:
@@ -88,10 +92,14 @@ def waiting_for(job: Job, facts: QueueFacts) -> WaitingFor:
     what no time cures (an operator's pause, no process for its kind), then
     its time, then what a due job meets at its claim (its partition's limit,
     its kind's cap), then its turn."""
+    if facts.paused:
+        return WaitingFor.PAUSED
     if job.kind not in facts.live_kinds:
         return WaitingFor.NO_WORKER
     if job.run_at > facts.standing.now:
         return WaitingFor.RETRY if job.attempt > 0 else WaitingFor.SCHEDULED
+    if facts.partition_held:
+        return WaitingFor.RATE_LIMIT
     if facts.kind_cap is not None and facts.standing.kind_running >= facts.kind_cap:
         return WaitingFor.KIND_CAP
     return WaitingFor.TURN
@@ -141,12 +149,22 @@ class Standings:
         processes = self.live_processes()
         live_kinds = frozenset(kind for process in processes for kind in process.kinds)
         caps = self.registry.deployment_caps()
+        paused = {entry.kind for entry in flow.paused(self.store)}
         queues = {}
         for job in queued:
             standing = standings.get(job.id)
             if standing is None:
                 continue
-            facts = QueueFacts(standing, live_kinds, caps.get(job.kind))
+            facts = QueueFacts(
+                standing,
+                live_kinds,
+                caps.get(job.kind),
+                paused=job.kind in paused,
+                partition_held=(
+                    job.run_at <= standing.now
+                    and flow.partition_hold(self.store, self.registry, job) is not None
+                ),
+            )
             reason = waiting_for(job, facts)
             serving = [process for process in processes if job.kind in process.kinds]
             queues[job.id] = {
