@@ -103,6 +103,7 @@ def routes(job_id):
         "/admin/households",
         "/admin/households/1/erase",
         "/admin/audit",
+        "/admin/processes",
         "/admin/jobs/bulk?action=retry&status=failed",
     ]
     posts = [f"/admin/jobs/{job_id}/{action}" for action in ("retry", "cancel", "delete")]
@@ -404,14 +405,17 @@ def test_the_overview_counts_by_status_and_kind(
     assert "1 queued from_the_future" in text
 
 
-def test_the_overview_lists_the_live_processes(admin_app, admin_jobs, operator):
+@pytest.mark.parametrize("page", ["/admin/", "/admin/processes"])
+def test_the_overview_and_the_processes_page_list_the_live_processes(
+    admin_app, admin_jobs, operator, page
+):
     client, _ = signed_in(admin_app, operator.token)
-    assert 'id="no-processes"' in client.get("/admin/").get_data(as_text=True)
+    assert 'id="no-processes"' in client.get(page).get_data(as_text=True)
     admin_jobs.start_pool()
     pool = admin_jobs.pool
 
     def listed():
-        text = client.get("/admin/").get_data(as_text=True)
+        text = client.get(page).get_data(as_text=True)
         return f'id="process-{pool.owner}"' in text and text
 
     text = wait_for(listed)
@@ -421,7 +425,7 @@ def test_the_overview_lists_the_live_processes(admin_app, admin_jobs, operator):
     assert f">{admin_app.config['JOB_WORKERS']}<" in row  # its slots
     assert "succeed" in row  # among the kinds it runs
     pool.stop(timeout=5)
-    wait_for(lambda: 'id="no-processes"' in client.get("/admin/").get_data(as_text=True))
+    wait_for(lambda: 'id="no-processes"' in client.get(page).get_data(as_text=True))
 
 
 def test_the_jobs_list_filters_and_pages_by_keyset(
