@@ -16,11 +16,18 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import FIGURES
+from bench.common import FULL, QUICK
+from mealquest.config.table import DEFAULTS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(600)
+def test_the_bench_sizes_the_pool_as_the_service_does():
+    # A figure of another pool size would measure a pool no one runs.
+    assert FULL.workers == QUICK.workers == DEFAULTS["JOB_WORKERS"]
+
+
 def test_the_quick_benchmark_produces_every_figure(tmp_path):
     results_path = tmp_path / "bench.json"
     completed = subprocess.run(

@@ -136,6 +136,42 @@ def test_another_households_import_succeeds_while_a_hostile_page_parses(start, p
     wait_for(lambda: free_slots(app) == 2)
 
 
+def test_imports_past_their_cap_per_process_stay_queued_while_other_kinds_run(
+    start, pages, auth, household
+):
+    # Each running import may hold a parser process: the cap, not the pool's
+    # size, bounds how many this process keeps.
+    app = start(
+        RECIPE_PARSE_SECONDS=FOREVER,
+        JOB_WORKERS=4,
+        RECIPE_IMPORTS_PER_PROCESS=2,
+        RECIPE_FETCH_MAX_PER_HOST=0,
+        RECIPE_FETCH_PER_HOST_PER_MINUTE=0,
+        JOB_KILL_GRACE_SECONDS=0.2,
+    )
+    client, jobs = app.test_client(), get_jobs(app)
+    hostile = [import_url(client, auth, pages.url(f"/hostile?n={n}")) for n in range(3)]
+    wait_for(lambda: len(pool_of(app).busy_pids()) == 2)
+    [waiting] = [
+        job_id for job_id in hostile if get_job(client, auth, job_id)["status"] == "queued"
+    ]
+
+    # The pool's other slots take other kinds meanwhile.
+    other = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    assert finished(client, auth, other)["status"] == "succeeded"
+    assert get_job(client, auth, waiting)["status"] == "queued"
+    assert len(pool_of(app).busy_pids()) == 2
+
+    # An import that ends gives its place to the one that waited.
+    first = next(job_id for job_id in hostile if job_id != waiting)
+    assert client.post(f"/api/v1/jobs/{first}/cancel", headers=auth).status_code == 202
+    wait_for(lambda: get_job(client, auth, waiting)["status"] == "running")
+    for job_id in hostile:
+        client.post(f"/api/v1/jobs/{job_id}/cancel", headers=auth)
+    wait_for(lambda: all(get_job(client, auth, j)["status"] == "cancelled" for j in hostile))
+    wait_for(lambda: not pool_of(app).busy_pids())
+
+
 def test_a_crashed_parser_process_fails_its_job_the_same_plain_way(start, pages, auth):
     app = start(RECIPE_PARSE_SECONDS=FOREVER)
     client = app.test_client()

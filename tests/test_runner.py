@@ -109,13 +109,15 @@ def test_enqueue_wakes_an_idle_pool_before_the_poll(make_app, household):
     assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 7}
 
 
-def idle_pool(jobs, household, workers: int):
+def idle_pool(jobs, household):
     """Start the pool and wait until its producer is idle: it made its first
     claim (a job it ran proves it) and no claim is in flight."""
     pool = jobs.start_pool()
     warm_up = jobs.enqueue("succeed", {"value": 0}, household_id=household.household_id)
     wait_for(lambda: final(jobs, warm_up))
-    wait_for(lambda: pool.slots.free() == workers and not pool.slots.claims_in_flight())
+    wait_for(
+        lambda: pool.slots.free() == jobs.settings.workers and not pool.slots.claims_in_flight()
+    )
     return pool
 
 
@@ -133,7 +135,7 @@ def test_a_claim_whose_answer_is_lost_puts_its_jobs_back_at_once(make_app, house
         JOB_LEASE_SECONDS=600.0,
     )
     jobs, store = get_jobs(app), get_store(app)
-    pool = idle_pool(jobs, household, 1)
+    pool = idle_pool(jobs, household)
     holding, release_holder = threading.Event(), threading.Event()
     slow_started, release_slow = threading.Event(), threading.Event()
 
@@ -177,7 +179,7 @@ def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
 ):
     app = make_app(JOB_POLL_SECONDS=60.0, JOB_CHANGE_CHECK_SECONDS=60.0)
     jobs, store = get_jobs(app), get_store(app)
-    pool = idle_pool(jobs, household, 4)
+    pool = idle_pool(jobs, household)
 
     def with_own_writes(tx):
         return jobs.enqueue("succeed", {"value": 5}, household_id=household.household_id, tx=tx)

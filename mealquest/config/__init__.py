@@ -22,6 +22,7 @@ from mealquest.config.table import (
     BLOCKED_EXIT_PER_MAX_BLOCKING,
     DEFAULTS,
     ENV_PREFIX,
+    HANDLER_CONNECTIONS,
     HEARTBEATS_PER_LEASE,
     RESCUES_PER_LEASE,
     SETTINGS,
@@ -69,9 +70,9 @@ def _derive(values: dict[str, Any], given: Mapping[str, Any]) -> None:
         values["JOB_RESCUE_SECONDS"] = lease / RESCUES_PER_LEASE
     _check_blocked_exit(values, given)
     if values["PG_RUNNER_POOL_SIZE"] is None:
-        # A connection for each handler's writes, and the heartbeat's, the
+        # Connections the handlers' writes share, and the heartbeat's, the
         # completer's and the producer's.
-        values["PG_RUNNER_POOL_SIZE"] = values["JOB_WORKERS"] + 3
+        values["PG_RUNNER_POOL_SIZE"] = min(values["JOB_WORKERS"], HANDLER_CONNECTIONS) + 3
     # A transaction pooler gives a LISTEN's server connection to other clients.
     through_transaction_pooler = values["PG_POOLER"] == "transaction"
     if values["PG_LISTEN"] is None:

@@ -20,6 +20,10 @@ ENV_PREFIX = "MEALQUEST_"
 # lease and rescues expired ones twice per lease.
 HEARTBEATS_PER_LEASE = 3
 RESCUES_PER_LEASE = 2
+# The job pool's connections for its handlers' own writes (partial results):
+# short transactions that take turns on a few connections, so that a pool of
+# many workers does not open as many connections to the server.
+HANDLER_CONNECTIONS = 4
 # Without an explicit value, a `flask jobs work` process exits once its event
 # loop has been blocked ten times as long as the hub monitor lets a handler
 # hold it before naming it.
@@ -72,7 +76,7 @@ SETTINGS: tuple[Setting, ...] = (
         "PostgreSQL: connections each process's job pool has of its own, apart from "
         "those of `MEALQUEST_PG_POOL_SIZE`, which HTTP requests share: a flood of requests "
         "cannot take them from the heartbeats, claims and outcomes",
-        shown="`MEALQUEST_JOB_WORKERS` + 3 (`7`)",
+        shown="the smaller of `MEALQUEST_JOB_WORKERS` and 4, plus 3 (`7`)",
     ),
     Setting(
         "PG_LISTEN",
@@ -108,7 +112,13 @@ SETTINGS: tuple[Setting, ...] = (
         rules.positive,
         "how long a read or write waits for SQLite locks before the caller gets `503 unavailable`",
     ),
-    Setting("JOB_WORKERS", 4, rules.whole(1), "jobs run at once per process"),
+    Setting(
+        "JOB_WORKERS",
+        32,
+        rules.whole(1),
+        "jobs run at once per process (greenlets, cheap while they wait on the network; "
+        "claims and outcomes are batched up to this many per transaction)",
+    ),
     Setting(
         "JOB_POLL_SECONDS",
         1.0,
@@ -360,6 +370,13 @@ SETTINGS: tuple[Setting, ...] = (
         "rounded up), in its parser process, which is killed then: the import fails `the "
         "page could not be read`. Real recipe pages of 1.2 MB parse in 0.3 s of CPU. See "
         "[Recipe import](#recipe-import)",
+    ),
+    Setting(
+        "RECIPE_IMPORTS_PER_PROCESS",
+        4,
+        rules.whole(1),
+        "recipe imports that run at once in each process, each with a warm parser "
+        "process (about 50 MB) of its own; the others wait queued while other kinds run",
     ),
     Setting(
         "RECIPE_IMPORT_RETRY_SECONDS",

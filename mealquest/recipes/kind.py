@@ -119,10 +119,18 @@ def public_source_url(url: str) -> str:
 @dataclass(frozen=True)
 class Parsing:
     """How pages are parsed: the time each parse may take (wall clock and
-    CPU), and how many parser processes each service process keeps warm."""
+    CPU), and how many imports each service process runs at once."""
 
     seconds: float
-    processes_kept: int
+    imports_per_process: int
+
+    @property
+    def processes_kept(self) -> int:
+        """Warm parser processes kept per service process: one for each
+        import that may run at once, and one more ready for the next parse,
+        so that an import which gets a slot while hostile pages hold the
+        others does not wait for a start."""
+        return self.imports_per_process + 1
 
 
 def _parse(page: Page, ctx: JobContext, parsing: Parsing) -> ParsedRecipe:
@@ -174,6 +182,9 @@ def register(
             timeout_seconds=(
                 policy.total_timeout_seconds + parsing.seconds + _START_AND_STORE_SECONDS
             ),
+            # Each running import may hold a parser process: the cap bounds
+            # their memory however large the job pool is.
+            max_running_per_process=parsing.imports_per_process,
             partition=host_of,
             max_running_per_partition=per_host.running or None,
             rate=(per_host.per_minute, 60.0) if per_host.per_minute else None,
@@ -190,11 +201,12 @@ def init_app(app: Flask) -> None:
     register(
         get_jobs(app).registry,
         FetchPolicy.from_config(app.config),
-        # A warm parser process for each job that may run at once here, and
-        # one more ready for the next parse.
         Parsing(
             seconds=float(app.config["RECIPE_PARSE_SECONDS"]),
-            processes_kept=int(app.config["JOB_WORKERS"]) + 1,
+            # A pool of fewer slots never runs more at once.
+            imports_per_process=min(
+                int(app.config["RECIPE_IMPORTS_PER_PROCESS"]), int(app.config["JOB_WORKERS"])
+            ),
         ),
         retry_base_seconds=float(app.config["RECIPE_IMPORT_RETRY_SECONDS"]),
         per_host=HostLimits(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from mealquest.jobs.flow import resume
 from tests.support.servers import enqueue, final_jobs, wait_until
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).
@@ -36,7 +37,12 @@ def test_a_poison_pill_fails_at_its_third_interruption(served, start_gunicorn):
         graceful_timeout=2,
         timeout=TIMEOUT_SECONDS,
     )
+    # The one worker that answers the enqueue also runs the pill: were it
+    # claimed before the answer was written, gunicorn would kill the worker
+    # with the answer unsent. Held paused until the answer is in hand.
+    served.store.write(served.store.flow.pause_kind, "hog", operator_id=None)
     pill = enqueue(server.url, served.token, "hog", {})
+    resume(served.store, "hog")
     row = wait_until(lambda: final_jobs(served.store, [pill]), DEADLINE, "the pill never ended")
     assert (row[pill]["status"], row[pill]["error"]) == ("failed", "interrupted by restart")
     # Three interruptions, none of which spent an attempt.
