@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 
 import click
-from flask import Flask, current_app
+from flask import Flask
 from flask.cli import AppGroup
 
 from mealquest import households, operators
+from mealquest.command_group import CommandGroup, database_error
 from mealquest.db import database_errors, migrations
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreError
@@ -23,20 +24,13 @@ from mealquest.model.operators import OperatorError
 from mealquest.operator_actions import erasure, suspension
 
 db_cli = AppGroup("db", help="Database migrations.")
-households_cli = AppGroup("households", help="Households.")
-tokens_cli = AppGroup("tokens", help="API tokens of households.")
-operators_cli = AppGroup("operators", help="Operators: who may use /metrics and the dashboard.")
+households_cli = CommandGroup("households", help="Households.")
+tokens_cli = CommandGroup("tokens", help="API tokens of households.")
+operators_cli = CommandGroup("operators", help="Operators: who may use /metrics and the dashboard.")
 
 
 def _fail(error: Exception) -> click.ClickException:
     return click.ClickException(str(error))
-
-
-def _database_error(error: Exception) -> click.ClickException:
-    """One line naming the setting that chose the database, and what went wrong."""
-    key = "DATABASE_URL" if current_app.config.get("DATABASE_URL") else "DATABASE"
-    where = get_store().describe()
-    return click.ClickException(f"MEALQUEST_{key}: cannot use the database {where}: {error}")
 
 
 def _migrated_store() -> Store:
@@ -48,7 +42,7 @@ def _migrated_store() -> Store:
     except migrations.MigrationError as error:
         raise _fail(error) from None
     except database_errors() as error:
-        raise _database_error(error) from None
+        raise database_error(error) from None
     return store
 
 
@@ -65,7 +59,7 @@ def db_upgrade() -> None:
     except migrations.MigrationError as error:
         raise _fail(error) from None
     except database_errors() as error:
-        raise _database_error(error) from None
+        raise database_error(error) from None
     for migration in applied:
         click.echo(f"applied {migration.path.name}")
     click.echo("database is up to date" if not applied else f"{len(applied)} migration(s) applied")
@@ -84,7 +78,7 @@ def db_status() -> None:
     except migrations.MigrationError as error:
         raise _fail(error) from None
     except database_errors() as error:
-        raise _database_error(error) from None
+        raise database_error(error) from None
     for state in ledger.states:
         when = f"applied {state.applied_at}" if state.applied else "pending"
         click.echo(f"{state.migration.path.name}  {when}")
@@ -182,6 +176,12 @@ def households_erase(household_id: int, yes: bool, wait_seconds: float | None) -
         click.echo(
             f"{done.still_running} jobs were still running: they end cancelled, and the hourly "
             "prune job (or erasing again) deletes them",
+            err=True,
+        )
+    if not done.forgotten:
+        click.echo(
+            "a reader kept the database's WAL file from being cleared: erase again once "
+            "it is quieter to leave no copy of the deleted rows in it",
             err=True,
         )
 

@@ -12,7 +12,8 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from mealquest.db.driver import Store
+from mealquest import audit
+from mealquest.db.driver import Store, Transaction
 from mealquest.model.households import (
     SYSTEM_HOUSEHOLD_ID,
     Household,
@@ -20,6 +21,7 @@ from mealquest.model.households import (
     HouseholdFigures,
     HouseholdState,
 )
+from mealquest.model.operators import Operator
 from mealquest.storable import name_problem
 
 TOKEN_PREFIX = "mq_"  # noqa: S105 - a marker, not a secret
@@ -42,31 +44,47 @@ def _new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
-def create_household(store: Store, name: str) -> IssuedToken:
-    """Create a household with its first token."""
+def create_household(store: Store, name: str, operator: Operator | None = None) -> IssuedToken:
+    """Create a household with its first token, audited (`operator` None: the CLI)."""
     name = name.strip()
     problem = name_problem(name)
     if problem is not None:
         raise HouseholdError(f"a household name {problem}")
     token = _new_token()
-    household_id, token_id = store.write(
-        store.households.create_household, name=name, token_sha256=token_digest(token)
-    )
+
+    def write(tx: Transaction) -> tuple[int, int]:
+        made = store.households.create_household(tx, name=name, token_sha256=token_digest(token))
+        audit.insert(tx, store, operator, "create", f"household {made[0]}")
+        return made
+
+    household_id, token_id = store.write(write)
     return IssuedToken(household_id, token_id, token)
 
 
-def create_token(store: Store, household_id: int) -> IssuedToken:
+def create_token(store: Store, household_id: int, operator: Operator | None = None) -> IssuedToken:
+    """Another token for the household, audited."""
     if household_id == SYSTEM_HOUSEHOLD_ID:
         raise HouseholdError("the system household (periodic jobs) has no tokens")
     token = _new_token()
-    token_id = store.write(
-        store.households.insert_token, household_id=household_id, token_sha256=token_digest(token)
-    )
-    return IssuedToken(household_id, token_id, token)
+
+    def write(tx: Transaction) -> int:
+        made = store.households.insert_token(
+            tx, household_id=household_id, token_sha256=token_digest(token)
+        )
+        audit.insert(tx, store, operator, "create", f"token {made} of household {household_id}")
+        return made
+
+    return IssuedToken(household_id, store.write(write), token)
 
 
-def revoke_token(store: Store, token_id: int) -> None:
-    store.write(store.households.revoke_token, token_id)
+def revoke_token(store: Store, token_id: int, operator: Operator | None = None) -> None:
+    """Revoke a token at once, audited."""
+
+    def write(tx: Transaction) -> None:
+        store.households.revoke_token(tx, token_id)
+        audit.insert(tx, store, operator, "revoke", f"token {token_id}")
+
+    store.write(write)
 
 
 def list_households(store: Store) -> list[tuple[Household, int]]:

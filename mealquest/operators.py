@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from mealquest import audit
 from mealquest.db.driver import Store, Transaction
 from mealquest.households import token_digest
 from mealquest.model.operators import Operator, OperatorError, OperatorListing
@@ -31,26 +32,30 @@ class IssuedOperator:
     token: str
 
 
-def create_operator(store: Store, name: str) -> IssuedOperator:
-    """Create an operator with its token."""
+def create_operator(store: Store, name: str, operator: Operator | None = None) -> IssuedOperator:
+    """Create an operator with its token, audited (`operator`: who did; None: the CLI)."""
     name = name.strip()
     problem = name_problem(name)
     if problem is not None:
         raise OperatorError(f"an operator name {problem}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    operator_id = store.write(
-        store.operators.insert_operator, name=name, token_sha256=token_digest(token)
-    )
-    return IssuedOperator(operator_id, token)
+
+    def write(tx: Transaction) -> int:
+        made = store.operators.insert_operator(tx, name=name, token_sha256=token_digest(token))
+        audit.insert(tx, store, operator, "create", f"operator {made}")
+        return made
+
+    return IssuedOperator(store.write(write), token)
 
 
-def revoke_operator(store: Store, operator_id: int) -> None:
+def revoke_operator(store: Store, operator_id: int, operator: Operator | None = None) -> None:
     """Revoke an operator (and so its token and its dashboard sessions) at once;
     `UnknownOperator` if none is live."""
 
     def revoke(tx: Transaction) -> None:
         store.operators.revoke_operator(tx, operator_id)
         store.sessions.delete_operator_sessions(tx, operator_id)
+        audit.insert(tx, store, operator, "revoke", f"operator {operator_id}")
 
     store.write(revoke)
 

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from mealquest.ascii_numbers import WholeField
+
 T = TypeVar("T")
 
 DEFAULT_LIMIT = 50
@@ -44,7 +46,7 @@ def decode_cursor(cursor: str) -> int:
 class PageQuerySchema(Schema):
     """Query parameters of every list route."""
 
-    limit = fields.Integer(
+    limit = WholeField(
         load_default=DEFAULT_LIMIT,
         validate=validate.Range(1, MAX_LIMIT),
         metadata={"description": f"items per page (1 to {MAX_LIMIT})"},

@@ -455,7 +455,13 @@ def test_the_jobs_list_filters_and_pages_by_keyset(
     assert listed("?kind=sleep")[1] == [theirs]
     assert listed(f"?household={other.household_id}")[1] == [theirs]
     assert listed(f"?household={other.household_id}&status=queued")[1] == []
-    for bad in ("?status=lost", "?household=abc", "?household=-1", "?before=x"):
+    for bad in (
+        "?status=lost",
+        "?household=abc",
+        "?household=-1",
+        "?before=x",
+        "?household=\u0663",
+    ):
         status, ids, text = listed(bad)
         assert status == 400, bad
         assert ids == []
@@ -538,6 +544,16 @@ def test_a_kind_is_paused_and_resumed_from_the_overview_by_an_operator(
     assert "succeed: resumed" in client.get("/admin/").get_data(as_text=True)
     wait_for(lambda: admin_jobs.get(job_id).status == Status.SUCCEEDED)
     assert sql.rows(admin_store, "SELECT kind FROM paused_kinds") == []
+    # Both are in the audit log, with who took them.
+    audited = sql.rows(
+        admin_store,
+        "SELECT actor, action, target, count FROM audit_log "
+        "WHERE action IN ('pause', 'resume') ORDER BY seq",
+    )
+    assert audited == [
+        {"actor": "Ada", "action": "pause", "target": "kind succeed", "count": 1},
+        {"actor": "Ada", "action": "resume", "target": "kind succeed", "count": 1},
+    ]
 
 
 def test_only_a_kind_this_release_runs_is_paused_from_the_dashboard(

@@ -74,7 +74,7 @@ def test_a_paused_kind_lets_its_running_jobs_finish_and_runs_the_queued_once_aft
             wait_working(worker)
         wait_for(lambda: gates.arrivals("p") == 4)
 
-        assert flow.pause(store, jobs.registry, "gated") is flow.Change.PAUSED
+        assert flow.pause(store, jobs.registry, "gated", None) is flow.Change.PAUSED
         gates.open("p")
         # The four that ran when the kind was paused finish as they would.
         wait_for(lambda: sum(jobs.get(i).status is Status.SUCCEEDED for i in gated) == 4)
@@ -84,7 +84,7 @@ def test_a_paused_kind_lets_its_running_jobs_finish_and_runs_the_queued_once_aft
         assert sorted(jobs.get(i).status for i in gated).count(Status.QUEUED) == 2
         assert gates.arrivals("p") == 4
 
-        assert flow.resume(store, "gated") is flow.Change.RESUMED
+        assert flow.resume(store, "gated", None) is flow.Change.RESUMED
         wait_for(lambda: all(final(jobs, i) for i in gated))
     assert all(jobs.get(i).status is Status.SUCCEEDED for i in gated)
     starts = Counter(line.split()[1] for line in log.read_text().splitlines() if line[0] == "+")

@@ -339,7 +339,21 @@ def test_a_conditional_requests_bad_wait_or_tag_list_is_a_400_naming_it(
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
     url = f"/api/v1/jobs/{job_id}"
     tag = {"If-None-Match": '"1"'}
-    for wait in ("0", "0.0", "-1", "30.5", "soon"):
+    # Numbers are ASCII digits: Python's float() takes `1_0`, Unicode digits,
+    # spaces, `inf` and `nan`.
+    for wait in (
+        "0",
+        "0.0",
+        "-1",
+        "30.5",
+        "soon",
+        "1_0",
+        "\u0661\u0660",
+        " 5",
+        "5 ",
+        "nan",
+        "1e400",
+    ):
         answer = client.get(f"{url}?wait={wait}", headers={**auth, **tag})
         assert answer.status_code == 400, wait
         assert list(answer.json["error"]["fields"]) == ["wait"]
@@ -349,6 +363,23 @@ def test_a_conditional_requests_bad_wait_or_tag_list_is_a_400_naming_it(
     assert answer.json["error"]["fields"] == {"If-None-Match": ["must be at most 1000 characters"]}
     # A list of tags within the bound that names the version: 304.
     assert client.get(url, headers={**auth, "If-None-Match": '"9", "1"'}).status_code == 304
+
+
+@pytest.mark.parametrize("limit", ["1_0", "\u0661\u0660", "\uff11", " 5", "+5", "5\n"])
+@pytest.mark.parametrize("route", ["/api/v1/jobs", "/api/v1/recipes"])
+def test_a_list_limit_is_ascii_digits_only(client, auth, route, limit):
+    answer = client.get(route, query_string={"limit": limit}, headers=auth)
+    assert answer.status_code == 400, limit
+    assert list(answer.json["error"]["fields"]) == ["limit"]
+
+
+def test_a_last_event_id_is_ascii_digits_only(client, auth, jobs, household):
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    for value in ("\u0661", "1_0", " 1"):
+        answer = client.get(
+            f"/api/v1/jobs/{job_id}/events", headers={**auth, "Last-Event-ID": value}
+        )
+        assert answer.status_code == 400, value
 
 
 def test_a_page_of_jobs_stops_at_its_byte_bound_and_the_next_continues(
@@ -424,8 +455,8 @@ def test_a_queued_job_says_its_kind_is_paused_or_its_partition_holds_it(
     )
 
     # A pause comes first, whatever else holds the job.
-    flow.pause(store, jobs.registry, "one_per_key")
-    flow.pause(store, jobs.registry, "succeed")
+    flow.pause(store, jobs.registry, "one_per_key", None)
+    flow.pause(store, jobs.registry, "succeed", None)
     assert (waiting_for(held[1]), waiting_for(free)) == ("paused", "paused")
-    flow.resume(store, "succeed")
+    flow.resume(store, "succeed", None)
     assert waiting_for(free) == "turn"

@@ -199,7 +199,7 @@ def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(
     from mealquest.queue_stats import MAX_AGE_SECONDS
 
     jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-    flow.pause(jobs.store, jobs.registry, "sleep")
+    flow.pause(jobs.store, jobs.registry, "sleep", None)
     cached_figures(app).forget()
 
     text = scrape(client, operator)
@@ -208,7 +208,7 @@ def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(
     assert ("mealquest_kind_paused", frozenset({("kind", "succeed")})) in samples(text)
     assert value(text, "mealquest_kind_paused", kind="succeed") == 0
     # Read with the queue figures, at most once per interval: a resume shows by the next.
-    flow.resume(jobs.store, "sleep")
+    flow.resume(jobs.store, "sleep", None)
     wait_for(
         lambda: value(scrape(client, operator), "mealquest_kind_paused", kind="sleep") == 0,
         timeout=10 * MAX_AGE_SECONDS + 30,

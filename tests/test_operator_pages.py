@@ -221,7 +221,9 @@ def test_a_bulk_action_runs_in_small_batches_and_stops_when_its_time_is_up(
     assert (done.acted, done.complete) == (7, True)
     assert batches == [3, 3, 1]
     assert all(admin_jobs.get(j) is None for j in ids)
-    counts = sql.rows(admin_store, "SELECT action, count FROM audit_log ORDER BY seq")
+    counts = sql.rows(
+        admin_store, "SELECT action, count FROM audit_log WHERE action <> 'create' ORDER BY seq"
+    )
     assert counts == [
         {"action": "bulk delete", "count": 0},
         {"action": "bulk delete", "count": 7},
@@ -337,6 +339,9 @@ def test_the_households_page_suspends_resumes_and_erases(admin_store, admin_jobs
         == 1
     )
     actions = [
-        row["action"] for row in sql.rows(admin_store, "SELECT action FROM audit_log ORDER BY seq")
+        row["action"]
+        for row in sql.rows(
+            admin_store, "SELECT action FROM audit_log WHERE action <> 'create' ORDER BY seq"
+        )
     ]
     assert actions == ["sign-in", "suspend", "resume", "erase"]

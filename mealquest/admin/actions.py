@@ -61,7 +61,7 @@ def _log_kind(operator: Operator, action: str, kind: str, done: Done) -> None:
 def pause(operator: Operator, kind: str) -> Done:
     """Pause a kind in the whole deployment: its queued jobs wait, running ones finish."""
     try:
-        change = flow.pause(get_store(), get_jobs().registry, kind, operator_id=operator.id)
+        change = flow.pause(get_store(), get_jobs().registry, kind, operator)
     except UnknownKind:
         done = Done.UNKNOWN_KIND
     else:
@@ -72,7 +72,7 @@ def pause(operator: Operator, kind: str) -> Done:
 
 def resume(operator: Operator, kind: str) -> Done:
     """Resume a paused kind: its queued jobs are claimed again."""
-    done = Done[flow.resume(get_store(), kind).name]
+    done = Done[flow.resume(get_store(), kind, operator).name]
     _log_kind(operator, "resume", kind, done)
     return done
 

@@ -8,6 +8,7 @@ from flask.typing import ResponseReturnValue
 from mealquest import audit
 from mealquest.admin.guard import refused
 from mealquest.admin.views import bp
+from mealquest.ascii_numbers import whole
 from mealquest.extensions import get_store
 
 PAGE_SIZE = 50
@@ -16,7 +17,7 @@ PAGE_SIZE = 50
 @bp.get("/audit", endpoint="audit_log")
 def audit_log() -> ResponseReturnValue:
     before = request.args.get("before", "")
-    if before and not (before.isdecimal() and 0 < int(before) < 2**63):
+    if before and not ((whole(before) or 0) > 0):
         return refused(400, "Before must be a positive whole number.")
     entries = audit.entries(
         get_store(), before_seq=int(before) if before else None, limit=PAGE_SIZE

@@ -10,6 +10,7 @@ from flask.typing import ResponseReturnValue
 
 from mealquest.admin.guard import current_operator, refused
 from mealquest.admin.views import bp, filters_of, query_of
+from mealquest.ascii_numbers import whole
 from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
 from mealquest.model.operations import BulkAction, JobFilter
@@ -70,7 +71,7 @@ def run() -> ResponseReturnValue:
         return refused(400, asked)
     action, job_filter = asked
     upto = request.form.get("upto", "")
-    if not upto.isdecimal() or not 0 <= int(upto) < 2**63:
+    if whole(upto) is None:
         return refused(400, "The confirmation is not valid; start again from the jobs list.")
     done = bulk.run(
         get_store(),

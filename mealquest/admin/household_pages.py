@@ -9,6 +9,7 @@ from flask.typing import ResponseReturnValue
 from mealquest import households
 from mealquest.admin.guard import current_operator, refused
 from mealquest.admin.views import bp
+from mealquest.ascii_numbers import whole
 from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
 from mealquest.model.households import HouseholdError
@@ -20,21 +21,17 @@ PAGE_SIZE = 50
 ERASE_WAIT_SECONDS = 10.0
 
 
-def _whole(value: str) -> int | None:
-    return int(value) if value.isdecimal() and 0 <= int(value) < 2**63 else None
-
-
 @bp.get("/households", endpoint="households")
 def listing() -> ResponseReturnValue:
     after = request.args.get("after", "")
     wanted = request.args.get("household", "")
-    if (after and _whole(after) is None) or (wanted and _whole(wanted) is None):
+    if (after and whole(after) is None) or (wanted and whole(wanted) is None):
         return refused(400, "A household id is a whole number.")
     found = households.household_figures(
         get_store(),
-        after_id=_whole(after) if after else None,
+        after_id=whole(after) if after else None,
         limit=PAGE_SIZE,
-        household_id=_whole(wanted) if wanted else None,
+        household_id=whole(wanted) if wanted else None,
     )
     older = None
     if len(found) == PAGE_SIZE and not wanted:

@@ -38,7 +38,7 @@ def version_known() -> int | None:
     reconnects, else the `version` the page was rendered at (its first
     connection has no `Last-Event-ID`); None if neither is a version."""
     for value in (request.headers.get(events.LAST_EVENT_ID), request.args.get("version")):
-        if value is not None and _VERSION.match(value):
+        if value is not None and _VERSION.fullmatch(value):
             return int(value)
     return None
 
@@ -61,5 +61,7 @@ def job_stream(job: Job, session_id: str) -> Response | None:
         send_first=known is None or job.version > known,
         heartbeat_seconds=live.heartbeat_seconds,
         max_seconds=live.max_seconds,
+        send_timeout_seconds=live.send_timeout_seconds,
+        writes_each_chunk=events.served_by_gunicorn(request.environ),
     )
     return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)

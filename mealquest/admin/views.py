@@ -43,6 +43,7 @@ from mealquest.admin.guard import (
 )
 from mealquest.admin.job_stream import job_stream
 from mealquest.admin.waiting import why_waiting
+from mealquest.ascii_numbers import whole
 from mealquest.extensions import get_store
 from mealquest.job_history import ChartsReader, Range
 from mealquest.jobs import flow
@@ -265,7 +266,7 @@ def filters_of(args: Any) -> tuple[dict[str, Any], str | None]:
     for name, key in (("household", "household_id"), ("before", "before_seq")):
         value = args.get(name, "")
         if value:
-            if not value.isdecimal() or not 0 < int(value) < 2**63:
+            if not (whole(value) or 0) > 0:
                 return {}, f"{name.capitalize()} must be a positive whole number."
             filters[key] = int(value)
     return filters, None

@@ -216,8 +216,26 @@ SETTINGS: tuple[Setting, ...] = (
         "STREAM_MAX_PER_HOUSEHOLD",
         20,
         rules.whole(1),
-        "event streams a household may hold open at once, across every process and host; "
-        "one more is `429 too_many_streams` with `Retry-After`",
+        "held requests (event streams and long polls together) a household may have open "
+        "at once, across every process and host; one more stream is `429 too_many_streams` "
+        "with `Retry-After`, one more long poll answers at once as without `wait`",
+    ),
+    Setting(
+        "WAIT_MAX_PER_PROCESS",
+        None,
+        rules.derived(rules.whole(1)),
+        "held requests (event streams and long polls of every household) one process holds "
+        "at once; one more stream is `503 unavailable` with `Retry-After`, one more long "
+        "poll answers at once as without `wait`: held requests never take the connections "
+        "other requests need",
+        shown="half of gunicorn's `worker_connections` (`500`)",
+    ),
+    Setting(
+        "STREAM_SEND_TIMEOUT_SECONDS",
+        10.0,
+        rules.positive,
+        "an event stream whose client has not taken what was sent after this long is "
+        "dropped: a reader that stops reading holds no greenlet, memory or restart",
     ),
     Setting(
         "STREAM_HEARTBEAT_SECONDS",
@@ -225,7 +243,8 @@ SETTINGS: tuple[Setting, ...] = (
         rules.positive_at_most(15),
         "how often an open event stream sends a comment line when nothing else happened "
         "(keeps proxies from timing it out: nginx's `proxy_read_timeout` in "
-        "`deploy/nginx.conf` is longer), and checks its token is still live",
+        "`deploy/nginx.conf` is longer); a stream's token (revoked, its household suspended or "
+        "erased) is checked every `MEALQUEST_JOB_POLL_SECONDS`",
     ),
     Setting(
         "JOB_STOP_TIMEOUT_SECONDS",

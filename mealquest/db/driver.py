@@ -326,8 +326,9 @@ class HouseholdStatements(Protocol):
         ...
 
     def live_token_digests(self, conn: Reads, digests: Collection[str], /) -> set[str]:
-        """Those of `digests` whose tokens are live (one statement for many: what
-        the stream watcher asks of all its streams' tokens at once)."""
+        """Those of `digests` whose tokens are live and whose households may use
+        them (not suspended, not erased): one statement for many, what the
+        stream watcher asks of all its streams' and long polls' tokens at once."""
         ...
 
 
@@ -753,6 +754,14 @@ class Store(Protocol):
 
     def check_writable(self) -> None:
         """Raise `StoreUnavailable` unless a write can commit now (for /healthz)."""
+        ...
+
+    def forget_deleted(self, timeout_seconds: float) -> bool:
+        """Leave no copy of deleted rows in the database's own files, as far as
+        the database allows (after an erasure); whether that is done. SQLite:
+        its WAL is checkpointed and truncated (deleted rows' bytes are already
+        overwritten: `secure_delete`). PostgreSQL keeps dead tuples until
+        VACUUM, and its WAL, archives and backups: nothing to do here."""
         ...
 
     @property

@@ -205,6 +205,40 @@ def require_migrated(store: Migrated, directory: Path | None = None) -> None:
     _passed.add(key)
 
 
+def require_this_version(store: Migrated, directory: Path | None = None) -> None:
+    """Refuse a database at any other migration than this code's newest, in
+    one line naming both and `flask db upgrade` (MigrationError).
+
+    The check of the one-shot commands (every `flask` command but `flask db
+    ...` and the servers): unlike a server in a rolling deploy, an operator's
+    command has no reason to run old code against a newer schema, and a
+    command of this code on an older one fails half way on a missing column.
+    """
+    directory = store.migrations_dir if directory is None else directory
+    known = _known(directory)
+    code_at = f"{known[-1].version:04d}" if known else "none"
+    where = store.describe()
+    if not store.exists():
+        raise DatabaseNotMigrated(
+            f"the database {where} does not exist (this code is at migration {code_at}); "
+            "run `flask db upgrade`"
+        )
+    applied = store.applied_migrations()
+    db_at = f"{max(applied):04d}" if applied else "none"
+    ledger = ledger_of(known, applied)
+    if ledger.pending:
+        raise DatabaseNotMigrated(
+            f"the database {where} is at migration {db_at}, behind this code's {code_at}: "
+            "run `flask db upgrade`",
+            [m.path.name for m in ledger.pending],
+        )
+    if ledger.unknown:
+        raise MigrationError(
+            f"the database {where} is at migration {db_at}, ahead of this code's {code_at} "
+            "(a newer release ran `flask db upgrade`): run this command from that release"
+        )
+
+
 def check_ledger(
     migrations: list[Migration], applied: Mapping[int, AppliedMigration]
 ) -> tuple[str, ...]:

@@ -23,8 +23,8 @@ from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
 from mealquest.jobs import events
 from mealquest.jobs.answers import job_answer, job_dumper
-from mealquest.jobs.errors import TooManyJobs, TooManyStreams
-from mealquest.jobs.live import get_live
+from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyJobs, TooManyStreams
+from mealquest.jobs.live import Live, get_live
 from mealquest.jobs.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
@@ -52,6 +52,18 @@ def _too_many_jobs(error: TooManyJobs) -> tuple[Response, int]:
     them will have finished."""
     response, status = error_response(
         429, "too_many_jobs", "the household has too many jobs queued or running; try again later"
+    )
+    response.headers["Retry-After"] = str(error.retry_after)
+    return response, status
+
+
+@bp.app_errorhandler(ProcessHoldsTooMany)
+def _process_holds_too_many(error: ProcessHoldsTooMany) -> tuple[Response, int]:
+    """503 `unavailable`: this process holds as many streams and long polls as
+    it may (`MEALQUEST_WAIT_MAX_PER_PROCESS`); `Retry-After` says when to
+    come back."""
+    response, status = error_response(
+        503, "unavailable", "the service holds as many open streams as it may; try again shortly"
     )
     response.headers["Retry-After"] = str(error.retry_after)
     return response, status
@@ -149,7 +161,12 @@ def get_job(job_id: str) -> ResponseReturnValue:
 
     Its `ETag` is its version. With `If-None-Match` naming it, `304` while
     the job has not changed; with `wait` as well, the request is held until
-    the job changes (then `200`) or `wait` seconds pass (then `304`).
+    the job changes (then `200`) or `wait` seconds pass (then `304`). A long
+    poll counts with the household's streams
+    (`MEALQUEST_STREAM_MAX_PER_HOUSEHOLD`) and the process's held requests:
+    past either, it is answered at once, as without `wait`. A held long poll
+    whose token is revoked or whose household is suspended or erased is
+    answered within a second (`401`, `403 household_suspended`).
     """
     # Authenticated here (the API's hook lets this route through): the job is
     # read in the statement that checks the token is live, so a revoked token
@@ -184,11 +201,13 @@ def get_job(job_id: str) -> ResponseReturnValue:
         raise not_found("job not found")
     if _not_modified(job):
         live = get_live(app)
-        if wait is None or not _changed(live, job, min(wait, live.max_seconds)):
+        if wait is None or not _changed(live, household, job, min(wait, live.max_seconds)):
             return _unchanged(app, job)
         household, job, body = _answer(app, job_id, header)
         if household is None:
             return refuse_token()
+        if household.suspended:
+            return refuse_suspended()
         if job is None:
             raise not_found("job not found")
         if _not_modified(job):
@@ -239,12 +258,23 @@ def _not_modified(job: Job) -> bool:
     return bool(tags) and tags.contains_weak(str(job.version))
 
 
-def _changed(live: Any, job: Job, seconds: float) -> bool:
-    """Hold a long poll until the job has another version, or `seconds` pass."""
+def _changed(live: Live, household: Household, job: Job, seconds: float) -> bool:
+    """Hold a long poll until the job has another version, its token or
+    household may no longer read it, or `seconds` pass; whether to read again.
+    A long poll the household's or the process's held requests leave no room
+    for is not held: it is answered at once, as without `wait`."""
     try:
-        return wait_for_version(live.watcher, job, seconds)
+        place = live.places.take(household.id)
+    except (TooManyStreams, ProcessHoldsTooMany):
+        return False
+    digest = digest_of_wellformed(bearer_token())
+    credential = None if digest is None else Credential(TOKEN, digest)
+    try:
+        return wait_for_version(live.watcher, job, seconds, credential)
     except WatcherClosed:
         return False  # the worker is stopping: answer now, the client asks again
+    finally:
+        live.places.release(place)
 
 
 def _unchanged(app: Flask, job: Job) -> Response:
@@ -259,7 +289,7 @@ def _unchanged(app: Flask, job: Job) -> Response:
     response=_job_schema,
     media_type=events.MEDIA_TYPE,
     headers=(LAST_EVENT_ID_PARAMETER,),
-    errors=(429,),
+    errors=(429, 503),
 )
 def job_events(job_id: str) -> ResponseReturnValue:
     """The job's events, as they happen (server-sent events).
@@ -270,9 +300,12 @@ def job_events(job_id: str) -> ResponseReturnValue:
     per later version, a comment line at least every 15 seconds, and after
     the final state an event `end`. The stream also ends when its worker
     stops, after `MEALQUEST_STREAM_MAX_SECONDS`, or when the token is
-    revoked: reconnect with `Last-Event-ID`. A household may hold
-    `MEALQUEST_STREAM_MAX_PER_HOUSEHOLD` streams open: one more is `429
-    too_many_streams`.
+    revoked or its household suspended or erased (within a second): reconnect
+    with `Last-Event-ID`. A household may hold
+    `MEALQUEST_STREAM_MAX_PER_HOUSEHOLD` streams and long polls together: one
+    more stream is `429 too_many_streams`; one more than the serving process
+    may hold is `503 unavailable`, both with `Retry-After`. A client that
+    stops reading is dropped after `MEALQUEST_STREAM_SEND_TIMEOUT_SECONDS`.
     """
     last = _last_seen_version()
     household = current_household()
@@ -302,6 +335,8 @@ def job_events(job_id: str) -> ResponseReturnValue:
         send_first=last is None or job.version > last,
         heartbeat_seconds=live.heartbeat_seconds,
         max_seconds=live.max_seconds,
+        send_timeout_seconds=live.send_timeout_seconds,
+        writes_each_chunk=events.served_by_gunicorn(request.environ),
         on_close=lambda: live.places.release(place),
     )
     return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)
@@ -312,7 +347,7 @@ def _last_seen_version() -> int | None:
     value = request.headers.get(events.LAST_EVENT_ID)
     if value is None:
         return None
-    if not _last_event_id.match(value):
+    if not _last_event_id.fullmatch(value):
         raise ValidationError({events.LAST_EVENT_ID: ["must be an event's id: a version"]})
     return int(value)
 

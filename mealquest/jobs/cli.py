@@ -13,11 +13,11 @@ from typing import Any
 import click
 import gevent
 from flask import current_app
-from flask.cli import AppGroup
 from gevent import monkey
 from marshmallow import ValidationError
 
 from mealquest import audit, households
+from mealquest.command_group import CommandGroup
 from mealquest.db import migrations
 from mealquest.db.errors import StoreError
 from mealquest.jobs import flow, retention
@@ -28,7 +28,7 @@ from mealquest.masking import mask
 from mealquest.metrics.standalone import serve_configured as serve_metrics
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
 
-jobs_cli = AppGroup("jobs", help="The job queue.")
+jobs_cli = CommandGroup("jobs", help="The job queue.")
 
 
 def _summary(job: Job) -> str:
@@ -100,6 +100,9 @@ def prune_now(older_than: str | None) -> str:
     store = get_jobs().store
     try:
         migrations.require_migrated(store)
+        # Recorded first and counted up after: a prune cut short by a crash is
+        # still in the log.
+        entry = audit.record(store, None, "prune", f"finished jobs older than {days:g} days", 0)
         pruned = retention.prune(
             store,
             older_than_days=days,
@@ -107,6 +110,7 @@ def prune_now(older_than: str | None) -> str:
             # The audit log by the setting only: `--older-than 0` is about jobs.
             audit_days=config["JOB_RETENTION_DAYS"] or None,
         )
+        store.write(audit.add, store, entry, pruned.jobs)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
     return f"deleted {pruned.jobs} finished jobs older than {days:g} days"
@@ -183,6 +187,9 @@ def jobs_enqueue(
         raise click.ClickException(f"invalid: {_one_line(error.messages)}") from None
     except (JobsError, StoreError) as error:
         raise click.ClickException(str(error)) from None
+    if enqueued.created:
+        target = f"job {enqueued.job_id} ({kind}) of household {household_id}"
+        audit.record(service.store, None, "enqueue", target)
     job = service.get(enqueued.job_id)
     assert job is not None
     _echo_job(job)
@@ -217,7 +224,7 @@ def jobs_pause(kind: str) -> None:
     service = get_jobs()
     try:
         migrations.require_migrated(service.store)
-        change = flow.pause(service.store, service.registry, kind)
+        change = flow.pause(service.store, service.registry, kind, None)
     except (migrations.MigrationError, JobsError, StoreError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"{kind}: {change.value}")
@@ -230,7 +237,7 @@ def jobs_resume(kind: str) -> None:
     store = get_jobs().store
     try:
         migrations.require_migrated(store)
-        change = flow.resume(store, kind)
+        change = flow.resume(store, kind, None)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"{kind}: {change.value}")
@@ -277,7 +284,9 @@ def _restart_monkey_patched() -> None:
     os.execv(sys.executable, launcher)  # noqa: S606 - our own interpreter and arguments
 
 
-@jobs_cli.command("work")
+# A server, checked as servers are: a database ahead of it is served during a
+# rolling deploy (`migrations.require_migrated`).
+@jobs_cli.command("work", cls=click.Command)
 def jobs_work() -> None:
     """Run a job pool in the foreground until Ctrl-C or SIGTERM, then stop gracefully.
 

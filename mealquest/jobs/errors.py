@@ -53,10 +53,21 @@ class JobCancelled(DocumentedInterrupt):
     """The job was cancelled and its handler did not stop within the grace."""
 
 
-class TooManyStreams(JobsError):
-    """The household has as many event streams open as it may; try again later.
+class ProcessHoldsTooMany(JobsError):
+    """This process holds as many streams and long polls as it may; try again shortly.
 
-    `retry_after` is when, in whole seconds, its oldest stream will have ended.
+    `retry_after` is in whole seconds.
+    """
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__()
+        self.retry_after = retry_after
+
+
+class TooManyStreams(JobsError):
+    """The household has as many event streams and long polls held as it may; try again later.
+
+    `retry_after` is when, in whole seconds, its oldest will have ended.
     """
 
     def __init__(self, retry_after: int) -> None:

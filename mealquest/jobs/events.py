@@ -13,19 +13,32 @@ its `Last-Event-ID`), and finds the job, a refusal, or a 404.
 The stream is the request's own greenlet waiting on its watch's inbox (one
 process-wide watcher feeds every inbox: `mealquest.jobs.watcher`), so an idle
 stream costs a greenlet and its socket, and no database read of its own.
+
+A client that stops reading would hold the greenlet in the server's write
+forever, and with it the watch (whose inbox grows with every version the job
+publishes) and a graceful restart until gunicorn kills the worker. So each
+write has `send_timeout_seconds`: past it, and at once when the watch ends
+(the worker stops, the credential goes) while a write waits, `ReaderStalled`
+is raised into the write, and gunicorn drops the connection as it drops one
+whose client went away.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+import gevent
 from gevent.queue import Empty
 
 from mealquest.jobs.watcher import JOB, JobWatcher, Watch
 from mealquest.model.jobs import FINAL_STATUSES, Job
+
+logger = logging.getLogger(__name__)
 
 MEDIA_TYPE = "text/event-stream"
 # Sent with every stream: never cached, and passed on by nginx as it comes
@@ -59,6 +72,23 @@ def is_final(job: Job) -> bool:
     return job.status in FINAL_STATUSES
 
 
+class ReaderStalled(BrokenPipeError):
+    """Raised into a stream's write that its reader held up past the send
+    timeout, or when its watch ended meanwhile. An EPIPE, which gunicorn
+    takes for a client gone away: it closes the connection quietly."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(errno.EPIPE, why)
+
+
+STALLED = "its reader took nothing for the send timeout"
+
+
+def served_by_gunicorn(environ: dict[str, Any]) -> bool:
+    """Whether gunicorn serves the request (it puts its socket in the environ)."""
+    return "gunicorn.socket" in environ
+
+
 class EventStream:
     """The stream's bytes, from `job` as read when it opened (see the module).
 
@@ -76,6 +106,8 @@ class EventStream:
         send_first: bool,
         heartbeat_seconds: float,
         max_seconds: float,
+        send_timeout_seconds: float,
+        writes_each_chunk: bool,
         on_close: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -83,9 +115,16 @@ class EventStream:
         self.watcher = watcher
         self.on_close = on_close
         self.closed = False
-        self._events = self._run(
-            job, render, send_first, heartbeat_seconds, clock() + max_seconds, clock
-        )
+        # The greenlet writing this stream's last chunk, while the write lasts.
+        self._writing: Any = None
+        events = self._run(job, render, send_first, heartbeat_seconds, clock() + max_seconds, clock)
+        # Only a server that writes each chunk before it asks for the next
+        # (gunicorn) is in the write between a yield and the next: under any
+        # other consumer (a test client) the greenlet may be elsewhere.
+        if writes_each_chunk:
+            watch.on_end = self._drop_soon
+            events = self._sent_in_time(events, send_timeout_seconds)
+        self._events = events
 
     def __iter__(self) -> Iterator[bytes]:
         return self._events
@@ -93,6 +132,35 @@ class EventStream:
     def close(self) -> None:
         self._events.close()
         self._let_go()
+
+    def _sent_in_time(
+        self, chunks: Iterator[bytes], send_timeout_seconds: float
+    ) -> Generator[bytes, None, None]:
+        """Each chunk, with a timer for the server's write of it: between this
+        generator's yield and its resumption, the request's greenlet is in
+        that write."""
+        loop = gevent.get_hub().loop
+        for chunk in chunks:
+            self._writing = gevent.getcurrent()
+            timer = loop.timer(send_timeout_seconds)
+            timer.start(self._drop, STALLED)
+            try:
+                yield chunk
+            finally:
+                timer.close()
+                self._writing = None
+
+    def _drop_soon(self, why: str) -> None:
+        # From whichever greenlet ended the watch: the drop runs from the hub.
+        if self._writing is not None:
+            gevent.get_hub().loop.run_callback(self._drop, why)
+
+    def _drop(self, why: str) -> None:
+        """Raise `ReaderStalled` into the write in progress, if one is (hub)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            logger.info("dropping a job's event stream: %s", why)
+            writing.throw(ReaderStalled(why))
 
     def _let_go(self) -> None:
         if not self.closed:

@@ -5,17 +5,20 @@ A pause is one row that every claim statement of every process reads, so
 each process's next claim after the pause commits (an idle pool's at its
 poll, at the latest) leaves the kind's queued jobs queued; its running jobs
 finish as they would, and their retries wait too. Resuming deletes the row,
-and the jobs are claimed in their usual order.
+and the jobs are claimed in their usual order. Each is recorded in the
+audit log in its own transaction, whoever took it (`operator` None: the CLI).
 """
 
 from __future__ import annotations
 
 import enum
 
-from mealquest.db.driver import Store
+from mealquest import audit
+from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import UnknownKind
 from mealquest.jobs.registry import Registry
 from mealquest.model.jobs import Job, PartitionLimits, PartitionState, PausedKind
+from mealquest.model.operators import Operator
 
 
 class Change(enum.Enum):
@@ -27,18 +30,31 @@ class Change(enum.Enum):
     NOT_PAUSED = "not paused"
 
 
-def pause(store: Store, registry: Registry, kind: str, *, operator_id: int | None = None) -> Change:
+def pause(store: Store, registry: Registry, kind: str, operator: Operator | None) -> Change:
     """Pause a kind this release registers (UnknownKind otherwise: a typo must
-    not pause nothing quietly); `operator_id` is who did, None from the CLI."""
+    not pause nothing quietly), with its audit entry in the same transaction."""
     if registry.get(kind) is None:
         raise UnknownKind(f"{str(UnknownKind()).rstrip('.')}: {kind}")
-    paused = store.write(store.flow.pause_kind, kind, operator_id=operator_id)
-    return Change.PAUSED if paused else Change.ALREADY_PAUSED
+
+    def write(tx: Transaction) -> bool:
+        paused = store.flow.pause_kind(
+            tx, kind, operator_id=None if operator is None else operator.id
+        )
+        audit.insert(tx, store, operator, "pause", f"kind {kind}", int(paused))
+        return paused
+
+    return Change.PAUSED if store.write(write) else Change.ALREADY_PAUSED
 
 
-def resume(store: Store, kind: str) -> Change:
+def resume(store: Store, kind: str, operator: Operator | None) -> Change:
     """Resume a paused kind (any: one a later release no longer registers too)."""
-    return Change.RESUMED if store.write(store.flow.resume_kind, kind) else Change.NOT_PAUSED
+
+    def write(tx: Transaction) -> bool:
+        resumed = store.flow.resume_kind(tx, kind)
+        audit.insert(tx, store, operator, "resume", f"kind {kind}", int(resumed))
+        return resumed
+
+    return Change.RESUMED if store.write(write) else Change.NOT_PAUSED
 
 
 def paused(store: Store) -> list[PausedKind]:

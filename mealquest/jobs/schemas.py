@@ -6,6 +6,7 @@ from typing import Any
 
 from marshmallow import EXCLUDE, Schema, fields, validate
 
+from mealquest.ascii_numbers import DecimalField
 from mealquest.jobs.standing import POSITION_COUNTED, WaitingFor
 from mealquest.model.jobs import Job, Status
 from mealquest.pagination import PageQuerySchema
@@ -144,7 +145,7 @@ class JobWaitQuerySchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    wait = fields.Float(
+    wait = DecimalField(
         load_default=None,
         validate=validate.Range(min=0, max=30, min_inclusive=False),
         metadata={

@@ -18,14 +18,18 @@ database's reads grow with the jobs that change, not with the watches:
 * every `poll_seconds` it reads every watched job anyway, whatever the store
   said: a notification lost to a reconnect or a failed trailing NOTIFY
   delays a change by that much at most;
-* every `heartbeat_seconds` it checks that every watch's credential is still
-  live (one statement for all household tokens; an operator's session each)
-  and ends the watches whose credential was revoked; it does the same for
-  the watches a change is about to reach, before it reaches them. It also
-  runs the heartbeat callbacks (the streams' places renewal).
+* every `poll_seconds` it checks that every watch's credential is still
+  live (one statement for all household tokens, which also leaves out a
+  suspended or erased household's; an operator's session each) and ends the
+  watches whose credential was revoked; it does the same for the watches a
+  change is about to reach, before it reaches them. So a suspension or an
+  erasure reaches open streams and held long polls within a poll;
+* every `heartbeat_seconds` it runs the heartbeat callbacks (the held
+  requests' places renewal).
 
 `close_all` (the worker is stopping) ends every watch at once and refuses new
-ones, so no open stream or long poll holds a graceful restart.
+ones, so no open stream or long poll holds a graceful restart. A watch's
+`on_end` lets its stream drop a write that its reader holds up.
 """
 
 from __future__ import annotations
@@ -82,11 +86,15 @@ class Watch:
     credential: Credential | None = None
     inbox: Queue = field(default_factory=Queue)
     ended: str | None = None
+    # Called with why, from the greenlet that ends the watch.
+    on_end: Callable[[str], None] | None = None
 
     def end(self, why: str) -> None:
         if self.ended is None:
             self.ended = why
             self.inbox.put((ENDED, why))
+            if self.on_end is not None:
+                self.on_end(why)
 
 
 class JobWatcher:
@@ -156,7 +164,7 @@ class JobWatcher:
 
     def _run(self) -> None:
         mark: Hashable | None = None
-        next_read = next_poll = next_heartbeat = 0.0
+        next_read = next_poll = next_heartbeat = next_credentials = 0.0
         while not self.closed:
             if not self._watches:
                 self._wanted.clear()
@@ -176,6 +184,9 @@ class JobWatcher:
             if self._pending and now >= next_read:
                 took = self._read()
                 next_read = self.clock() + READ_GAP_FACTOR * took
+            if now >= next_credentials:
+                self._end_revoked([w for watches in self._watches.values() for w in watches])
+                next_credentials = now + self.poll_seconds
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + self.heartbeat_seconds
@@ -219,7 +230,6 @@ class JobWatcher:
         return self.clock() - started
 
     def _heartbeat(self) -> None:
-        self._end_revoked([w for watches in self._watches.values() for w in watches])
         for callback in self._heartbeats:
             try:
                 callback()
@@ -259,15 +269,19 @@ class JobWatcher:
         return job_id in self._watches
 
 
-def wait_for_version(watcher: JobWatcher, job: Job, timeout: float) -> bool:
-    """Wait until `job` has a version after its own, `timeout` seconds at most,
-    or until the watcher closes; whether a newer version (or its deletion) came."""
-    watch = watcher.watch(job.id, job.version)
+def wait_for_version(
+    watcher: JobWatcher, job: Job, timeout: float, credential: Credential | None = None
+) -> bool:
+    """Wait until `job` has a version after its own, `credential` is no longer
+    live, `timeout` seconds pass, or the watcher closes; whether the caller
+    must read again (a newer version, the job's deletion, or the credential's
+    end, which the read refuses)."""
+    watch = watcher.watch(job.id, job.version, credential)
     try:
         try:
-            kind, _ = watch.inbox.get(timeout=timeout)
+            kind, why = watch.inbox.get(timeout=timeout)
         except Empty:
             return False
-        return kind in (JOB, GONE)
+        return kind in (JOB, GONE) or why == REVOKED
     finally:
         watcher.unwatch(watch)

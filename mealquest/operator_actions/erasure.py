@@ -12,7 +12,10 @@ milliseconds at a time), counted up on the audit entry in that transaction.
 
 A job still running when the wait ends ends cancelled shortly (or at its
 lease's rescue, if its process died): the hourly prune job deletes it then,
-with any recipe it stored, and so does erasing again. The household row
+with any recipe it stored, and so does erasing again. Last, the database's
+files are cleared of the deleted rows (`Store.forget_deleted`: on SQLite,
+whose connections run with `secure_delete`, the WAL is checkpointed and
+truncated). The household row
 stays (see the migration: its id is never reused, the audit log keeps
 naming it).
 """
@@ -34,6 +37,8 @@ from mealquest.model.operators import Operator
 ERASED_NAME = "erased household"
 # How often an erasure looks again whether the household's running jobs ended.
 _POLL_SECONDS = 0.2
+# The least time given to clearing the database's files of what was deleted.
+_FORGET_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,9 @@ class Erasure:
     jobs: int
     recipes: int
     still_running: int
+    # Whether no copy of what was deleted is left in the database's files
+    # (`Store.forget_deleted`): False while a reader held SQLite's WAL.
+    forgotten: bool = True
 
 
 def erase(
@@ -84,6 +92,7 @@ def erase(
             break
         gevent.sleep(_POLL_SECONDS)
     rest = delete_household_rows(store, household_id, each_batch=count_up)
+    forgotten = store.forget_deleted(max(deadline - time.monotonic(), _FORGET_SECONDS))
     return Erasure(
         household_id=household_id,
         cancelled=len(running),
@@ -91,4 +100,5 @@ def erase(
         jobs=first.jobs + rest.jobs,
         recipes=rest.recipes,
         still_running=len(store.read(store.jobs.running_job_ids, household_id)),
+        forgotten=forgotten,
     )

@@ -84,6 +84,9 @@ def start_worker(worker: Any) -> None:
     """post_worker_init: check the database, start the pool, watch for the stop."""
     global _current
     app = flask_app(worker.wsgi)
+    if app.config["WAIT_MAX_PER_PROCESS"] is None:
+        # Held requests may take half of this worker's connections, never all.
+        get_live(app).places.per_process = max(1, int(worker.cfg.worker_connections) // 2)
     gevent.spawn(_end_streams_at_stop, worker, app)
     try:
         migrations.require_migrated(get_store(app))

@@ -116,12 +116,17 @@ def test_many_watched_jobs_are_read_in_batches(store, household):
     assert not set(made) & set(changed)
 
 
-def test_live_token_digests_leave_out_revoked_and_unknown_ones(store):
+def test_live_token_digests_leave_out_revoked_unknown_suspended_and_erased_ones(store):
     store.write(store.households.create_household, name="A", token_sha256="a" * 64)
     _, revoked = store.write(store.households.create_household, name="B", token_sha256="b" * 64)
     store.write(store.households.revoke_token, revoked)
+    suspended, _ = store.write(store.households.create_household, name="D", token_sha256="d" * 64)
+    store.write(store.households.suspend_household, suspended)
+    erased, _ = store.write(store.households.create_household, name="E", token_sha256="e" * 64)
+    store.write(store.households.mark_erased, erased, name="erased household")
 
-    live = store.read(store.households.live_token_digests, {"a" * 64, "b" * 64, "c" * 64})
+    asked = {"a" * 64, "b" * 64, "c" * 64, "d" * 64, "e" * 64}
+    live = store.read(store.households.live_token_digests, asked)
 
     assert live == {"a" * 64}
     assert store.read(store.households.live_token_digests, set()) == set()

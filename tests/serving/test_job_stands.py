@@ -7,6 +7,7 @@ that need a server of their own are in `test_stream_ends.py`."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from mealquest.db.driver import Store
 from mealquest.db.sqlite import migrate
 from mealquest.households import IssuedToken, create_household, revoke_token
 from mealquest.model.jobs import NewJob, OnInterrupt
+from mealquest.operator_actions import suspension
+from tests.support import sql
 from tests.support.events import EventStream
 from tests.support.gates import Gates
 from tests.support.postgres import (
@@ -28,6 +31,8 @@ from tests.support.postgres import (
     through_pgbouncer,
 )
 from tests.support.servers import (
+    BIN,
+    REPO,
     Gunicorn,
     enqueue,
     http,
@@ -45,6 +50,7 @@ class Site:
     server: Gunicorn
     store: Store
     gates: Gates
+    database: dict[str, str]
 
     def household(self, name: str = "The Streamers") -> IssuedToken:
         return create_household(self.store, name)
@@ -75,12 +81,26 @@ def site(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Site]:
     server = Gunicorn(root / "gunicorn.log", serving_env(database, **SITE_CONFIG), workers=2)
     try:
         server.wait_ready()
-        yield Site(server, store, gates)
+        yield Site(server, store, gates, database)
     finally:
         gates.close()
         server.stop()
         store.close()
         databases.close()
+
+
+def run_cli(site, *args: str) -> None:
+    """A `flask` command against the site's database, as an operator runs it."""
+    done = subprocess.run(
+        [str(BIN / "flask"), "--app", "app", *args],
+        env=serving_env(site.database),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 def events_url(site, job_id):
@@ -189,6 +209,55 @@ def test_a_revoked_token_ends_its_stream_at_the_next_heartbeat(site):
         assert {e.name for e in stream.events_until_closed(comments=True)} <= {None, "job"}
     assert EventStream(events_url(site, job_id), household.token).status == 401
     site.gates.open("rv")
+
+
+def _held_long_poll(site, token, job_id) -> tuple[threading.Thread, list]:
+    """A long poll of the job (30 s) in a thread, once the job's version is
+    still; its answer lands in the list."""
+    wait_until(lambda: job(site.store, job_id)["result"], 60, "the job did not publish")
+    url = f"{site.server.url}/api/v1/jobs/{job_id}"
+    etag = http("GET", url, token=token).headers["ETag"]
+    answers: list = []
+    poll = threading.Thread(
+        target=lambda: answers.append(
+            http("GET", f"{url}?wait=30", token=token, headers={"If-None-Match": etag})
+        )
+    )
+    poll.start()
+    return poll, answers
+
+
+def _held(site, household_id) -> int:
+    return sql.scalar(
+        site.store, "SELECT count(*) FROM job_streams WHERE household_id = ?", (household_id,)
+    )
+
+
+@pytest.mark.parametrize("action", ["suspend", "erase"])
+def test_a_suspension_or_erasure_ends_open_streams_and_held_long_polls(site, action):
+    household = site.household(f"The {action.title()}ed")
+    gate = site.gates.url(f"off-{action}")
+    job_id = enqueue(site.server.url, household.token, "pid_gate", {"url": gate})
+
+    with EventStream(events_url(site, job_id), household.token) as stream:
+        assert stream.next().name == "job"
+        poll, answers = _held_long_poll(site, household.token, job_id)
+        wait_until(lambda: _held(site, household.household_id) == 2, 60, "the poll was not held")
+        if action == "suspend":
+            suspension.suspend(site.store, household.household_id, None)
+        else:
+            run_cli(
+                site, "households", "erase", str(household.household_id), "--yes", "--wait", "0"
+            )
+        # Heartbeats (and no `end`: the job still runs) until the stream ends.
+        assert {e.name for e in stream.events_until_closed(comments=True)} <= {None, "job"}
+    poll.join(60)
+    [answer] = answers
+    if action == "suspend":
+        assert (answer.status, answer.json["error"]["code"]) == (403, "household_suspended")
+    else:
+        assert answer.status == 401
+    site.gates.open(f"off-{action}")
 
 
 def test_a_household_holds_so_many_streams_across_workers(site):

@@ -136,6 +136,17 @@ def test_nginx_waits_longer_than_a_long_poll_and_a_streams_heartbeat():
     assert int(timeout) > max(MAX_WAIT_SECONDS, DEFAULTS["STREAM_HEARTBEAT_SECONDS"])
 
 
+def test_nginx_drops_a_stalled_client_or_upstream_write_before_a_graceful_restart_ends():
+    """A client that stops reading, or a body that stops coming, must not hold
+    a stopping worker past its graceful timeout."""
+    config = (REPO / "deploy" / "nginx.conf").read_text()
+    gunicorn_conf = (REPO / "gunicorn.conf.py").read_text()
+    graceful = int(re.search(r"^graceful_timeout = (\d+)$", gunicorn_conf, re.M).group(1))
+    for setting in ("send_timeout", "proxy_send_timeout"):
+        [timeout] = re.findall(rf"^\s*{setting} (\d+)s;", config, re.M)
+        assert int(timeout) < graceful, setting
+
+
 def test_nginx_answers_json_when_gunicorn_is_down(start_nginx):
     nginx = start_nginx(free_port())  # nothing listens there
     answer = http("GET", f"{nginx.url}/api/v1/jobs")

@@ -42,7 +42,7 @@ def test_a_poison_pill_fails_at_its_third_interruption(served, start_gunicorn):
     # with the answer unsent. Held paused until the answer is in hand.
     served.store.write(served.store.flow.pause_kind, "hog", operator_id=None)
     pill = enqueue(server.url, served.token, "hog", {})
-    resume(served.store, "hog")
+    resume(served.store, "hog", None)
     row = wait_until(lambda: final_jobs(served.store, [pill]), DEADLINE, "the pill never ended")
     assert (row[pill]["status"], row[pill]["error"]) == ("failed", "interrupted by restart")
     # Three interruptions, none of which spent an attempt.

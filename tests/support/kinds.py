@@ -44,6 +44,11 @@ class StepResultSchema(Schema):
     done = fields.Boolean(load_default=False)
 
 
+class BigStepSchema(Schema):
+    step = fields.Integer(required=True, strict=True)
+    pad = fields.String(load_default="")
+
+
 class EmptySchema(Schema):
     pass
 
@@ -125,6 +130,15 @@ def publish_then_finish(payload: dict[str, Any], ctx: JobContext) -> dict[str, A
         ctx.publish({"step": step})
         gevent.sleep(payload["pause"])
     return {"step": payload["steps"], "done": True}
+
+
+def publish_big(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Publishes `steps` partial results of about 200 KB each: what fills a
+    stalled stream reader's socket buffers."""
+    for step in range(1, payload["steps"] + 1):
+        ctx.publish({"step": step, "pad": "x" * 200_000})
+        gevent.sleep(payload["pause"])
+    return {"step": payload["steps"]}
 
 
 def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -347,6 +361,7 @@ def register_test_kinds(registry: Registry) -> None:
     registry.register(
         "publish_then_finish", publish_then_finish, payload=StepsSchema, result=StepResultSchema
     )
+    registry.register("publish_big", publish_big, payload=StepsSchema, result=BigStepSchema)
     registry.register("append_job_id", append_job_id, payload=LogSchema, result=EmptySchema)
     registry.register(
         "flaky",

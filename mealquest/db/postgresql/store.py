@@ -219,6 +219,12 @@ class PostgresStore:
         """Raise StoreUnavailable unless a write can commit now; cheap enough for /healthz."""
         self.write(lambda tx: tx.execute("SELECT 1"))
 
+    def forget_deleted(self, timeout_seconds: float) -> bool:
+        """Nothing the service can do: deleted rows stay as dead tuples until
+        autovacuum reuses their space, and in the WAL, its archives and the
+        backups for as long as they are kept (see the README)."""
+        return True
+
     # -- connections ------------------------------------------------------------
 
     def connect_kwargs(self) -> dict[str, Any]:

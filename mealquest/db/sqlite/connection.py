@@ -101,6 +101,9 @@ def connect(
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         conn.execute(f"PRAGMA temp_store = {'MEMORY' if temp_in_memory else 'DEFAULT'}")
+        # A deleted row's bytes are overwritten, not left in free space: an
+        # erased household's data must not stay readable in the file.
+        conn.execute("PRAGMA secure_delete = ON")
     except BaseException:
         conn.close()
         raise

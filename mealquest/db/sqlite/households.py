@@ -83,19 +83,21 @@ def household_for_token_digest(conn: Reads, token_sha256: str) -> Household | No
     row = conn.execute(
         "SELECT h.id, h.name, h.suspended_at IS NOT NULL AS suspended "
         "FROM api_tokens t JOIN households h ON h.id = t.household_id "
-        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
+        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL AND h.erased_at IS NULL",
         (token_sha256,),
     ).fetchone()
     return Household(row["id"], row["name"], bool(row["suspended"])) if row else None
 
 
 def live_token_digests(conn: Reads, digests: Collection[str]) -> set[str]:
-    """Those of `digests` whose tokens are live, in one statement (a probe of
-    the digests' unique index each)."""
+    """Those of `digests` whose tokens are live and whose households are
+    neither suspended nor erased, in one statement (a probe of the digests'
+    unique index each, and of the household's row)."""
     if not digests:
         return set()
     rows = conn.execute(
-        "SELECT token_sha256 FROM api_tokens WHERE revoked_at IS NULL "
+        "SELECT token_sha256 FROM api_tokens JOIN households ON households.id = household_id "
+        "WHERE revoked_at IS NULL AND suspended_at IS NULL AND erased_at IS NULL "
         "AND token_sha256 IN (SELECT value FROM json_each(?))",
         (json.dumps(sorted(digests)),),
     ).fetchall()

@@ -767,7 +767,7 @@ def get_job_with_token(
         "h.suspended_at IS NOT NULL AS token_household_suspended, "
         f"{_JOB_COLUMNS_OF_J} FROM api_tokens t JOIN households h ON h.id = t.household_id "
         "LEFT JOIN jobs j ON j.id = ? AND j.household_id = t.household_id "
-        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL",
+        "WHERE t.token_sha256 = ? AND t.revoked_at IS NULL AND h.erased_at IS NULL",
         (job_id, token_sha256),
     ).fetchone()
     if row is None:

@@ -107,6 +107,10 @@ _READ_BUSY_TIMEOUT_MS = 10
 # with writes always less than that apart, SQLite's own checkpoint below
 # takes over...
 _CHECKPOINT_AFTER_WRITES = 100
+# `forget_deleted`: each try waits this long for readers, then retries after
+# this pause.
+_FORGET_BUSY_MS = 100
+_FORGET_RETRY_SECONDS = 0.05
 _CHECKPOINT_IDLE_SECONDS = 0.05
 # ...and SQLite's own checkpoint, in the COMMIT, only if the WAL reaches this
 # many pages without such a pause (SQLite's default is 1,000).
@@ -254,13 +258,9 @@ class SqliteStore:
         write by write.
         """
         self._check_process()
-        if self._writer is None:
-            self._writer = WriterThread(
-                self._checkpoint_when_idle, _CHECKPOINT_IDLE_SECONDS, self._run_writes
-            )
         deadline = time.monotonic() + self.busy_timeout_seconds
         try:
-            result, callbacks = self._writer.call_grouped(
+            result, callbacks = self._writer_thread().call_grouped(
                 _Write(fn, args, kwargs, deadline),
                 self.busy_timeout_seconds + _ANSWER_MARGIN_SECONDS,
             )
@@ -475,6 +475,44 @@ class SqliteStore:
         if fault is not None and fault.disk_full and not has_room(self.path):
             return
         self._write_fault = None
+
+    def forget_deleted(self, timeout_seconds: float) -> bool:
+        """Checkpoint the WAL and truncate it to nothing, in the writer thread,
+        tried again until no reader's snapshot holds it back or
+        `timeout_seconds` pass: the WAL keeps the pages of rows deleted since
+        the last restart of its file, as they were before the delete."""
+        self._check_process()
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            if self._writer_thread().call(self._truncate_wal, self.busy_timeout_seconds):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            gevent.sleep(_FORGET_RETRY_SECONDS)
+
+    def _writer_thread(self) -> WriterThread:
+        if self._writer is None:
+            self._writer = WriterThread(
+                self._checkpoint_when_idle, _CHECKPOINT_IDLE_SECONDS, self._run_writes
+            )
+        return self._writer
+
+    def _truncate_wal(self) -> bool:
+        # In the writer thread, between transactions: a short busy wait, so
+        # that writes queued behind it are not held.
+        if self._writer_conn is None:
+            self._writer_conn = connect(
+                self.path, synchronous=self.synchronous, busy_timeout_ms=_FORGET_BUSY_MS
+            )
+        conn = self._writer_conn
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_FORGET_BUSY_MS}")
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as error:
+            if is_busy(error):
+                return False
+            raise
+        return busy == 0 and os.path.getsize(self.path + "-wal") == 0
 
     def _checkpoint_when_idle(self) -> None:
         """Copy the WAL back into the database file while no write is waiting.
