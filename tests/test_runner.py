@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import gevent
 import pytest
-from marshmallow import Schema, ValidationError, fields
+from marshmallow import Schema, ValidationError, fields, post_load
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.errors import StoreUnavailable
@@ -400,6 +400,37 @@ def test_enqueue_joins_the_callers_transaction(jobs, store, household):
     job_id = store.write(domain_write_and_enqueue)
     jobs.start_pool()
     assert wait_for(lambda: final(jobs, job_id)).result == {"value": 2}
+
+
+def test_a_kind_of_empty_schemas_is_as_strict_without_marshmallow_as_with_it():
+    # Empty payloads and results skip marshmallow; anything else still meets it.
+    class Empty(Schema):
+        pass
+
+    class Hooked(Schema):
+        @post_load
+        def refuse(self, data, **kwargs):
+            raise ValidationError("no")
+
+    registry = Registry()
+    registry.register("empty", succeed, payload=Empty, result=Empty)
+    registry.register("hooked", succeed, payload=Hooked, result=Hooked)
+    empty, hooked = registry.get("empty"), registry.get("hooked")
+    assert empty.canonical_payload({}) == "{}"
+    assert empty.load_payload("{}") == {}
+    assert empty.encode_result({}) == "{}"
+    for bad in ({"x": 1}, {"": None}):
+        with pytest.raises(ValidationError):
+            empty.canonical_payload(bad)
+        with pytest.raises(ValidationError):
+            empty.encode_result(bad)
+        with pytest.raises(ValidationError):
+            empty.load_payload(json.dumps(bad))
+    # A schema with a hook has no fields either, but is not empty.
+    with pytest.raises(ValidationError):
+        hooked.canonical_payload({})
+    with pytest.raises(ValidationError):
+        hooked.encode_result({})
 
 
 def test_register_is_refused_twice_empty_or_after_start(jobs):

@@ -353,3 +353,42 @@ def test_a_job_of_a_kind_without_limits_keeps_its_partition_but_is_not_held(stor
         "running": 3,
         "blocked_until": None,
     }
+
+
+def _recording(tx):
+    """The transaction, of its own driver's type, recording its statements."""
+
+    class Recording(type(tx)):
+        def execute(self, statement, params=None, /):
+            statements.append(statement)
+            return super().execute(statement, params)
+
+    statements: list[str] = []
+    recording = object.__new__(Recording)
+    recording.__dict__.update(tx.__dict__)
+    return recording, statements
+
+
+def test_a_claim_leaves_out_the_partition_limits_while_no_queued_job_has_a_partition(
+    store, household
+):
+    limits = {"succeed": PartitionLimits(max_running=1, rate=Rate(1, 60.0))}
+
+    def claim_recorded(tx):
+        recording, statements = _recording(tx)
+        request = ClaimRequest(
+            owner="w.1", lease_seconds=LEASE, limit=10, kinds=("succeed",), partitions=limits
+        )
+        return store.jobs.claim(recording, request), statements
+
+    plain = [enqueue_in(store, household, None) for _ in range(3)]
+    claimed, statements = store.write(claim_recorded)
+    # No ledger read or written, no lock taken: the limits hold no job here.
+    assert {job.id for job in claimed} == set(plain)
+    assert not [s for s in statements if "partition_rates" in s or "advisory" in s]
+
+    # Once a queued job has a partition, the limits apply again.
+    limited = [enqueue_in(store, household, "a.example") for _ in range(2)]
+    claimed, statements = store.write(claim_recorded)
+    assert [job.id for job in claimed] == limited[:1]
+    assert [s for s in statements if "partition_rates" in s]

@@ -366,6 +366,12 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     tx.execute("SET LOCAL plan_cache_mode = force_generic_plan")
     caps = {kind: cap for kind, cap in request.kind_caps.items() if kind in kinds}
     limited = flow.limited_kinds(kinds, request.partitions)
+    # No queued job of a limited kind has a partition: the claim needs neither
+    # the limits' statements nor their locks, and leaves out such a job
+    # committed meanwhile (the next claim weighs it).
+    unpartitioned = limited if limited and not _any_queued_partitioned(tx, limited) else []
+    if unpartitioned:
+        limited = []
     # One order for every claim's locks, the kinds' caps and partitions alike.
     for kind in sorted(set(caps) | set(limited)):
         tx.execute(
@@ -393,6 +399,8 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         )
     queued = f"status = 'queued' AND run_at <= {_NOW} AND {_NOT_SUSPENDED}"
     of_kinds = "kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
+    if unpartitioned:
+        of_kinds += _UNPARTITIONED
     unblocked = of_kinds
     if limits is not None:
         of_kinds += limits_sql.BLOCKED_FILTER
@@ -420,7 +428,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     full_kinds += (
         "tier AS (SELECT %(tier)s::integer AS priority),\n"
         if limits is not None
-        else "tier AS (SELECT priority FROM (SELECT priority, kind FROM jobs "
+        else "tier AS (SELECT priority FROM (SELECT priority, kind, partition_key FROM jobs "
         f"WHERE {queued} ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
         f"WHERE {of_kinds} LIMIT 1),\n"
     )
@@ -491,6 +499,7 @@ RETURNING {_qualified("jobs")}"""
         "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
         "owner": request.owner,
         "lease_seconds": float(request.lease_seconds),
+        "unpartitioned": unpartitioned,
         **most_params,
     }
     if limits is None:
@@ -714,6 +723,22 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
 
 
+# Leaves out the queued jobs with a partition of the kinds a claim found none of.
+_UNPARTITIONED = " AND (partition_key IS NULL OR kind <> ALL(%(unpartitioned)s::text[]))"
+
+
+def _any_queued_partitioned(conn: Reads, kinds: list[str]) -> bool:
+    """Whether a queued job of `kinds` has a partition (one probe of a small
+    partial index: ordered by its key, so that the planner walks the index
+    rather than the table, whatever its statistics say)."""
+    row = conn.execute(
+        "SELECT 1 FROM jobs WHERE status = 'queued' AND partition_key IS NOT NULL "
+        "AND kind = ANY(%(kinds)s::text[]) ORDER BY kind LIMIT 1",
+        {"kinds": kinds},
+    ).fetchone()
+    return row is not None
+
+
 def has_due_job(
     conn: Reads,
     kinds: Collection[str],
@@ -725,13 +750,21 @@ def has_due_job(
     if not kinds:
         return False
     limited = flow.limited_kinds(kinds, partitions or {})
+    unpartitioned = limited if limited and not _any_queued_partitioned(conn, limited) else []
+    if unpartitioned:
+        limited = []
     limits = limits_sql.limits(limited, partitions or {}, "now()") if limited else None
     head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
     row = conn.execute(
         f"{head}SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= now() "
         "AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
+        f"{_UNPARTITIONED if unpartitioned else ''}"
         f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}) AS due",
-        {"kinds": list(kinds), **(limits.params if limits is not None else {})},
+        {
+            "kinds": list(kinds),
+            "unpartitioned": unpartitioned,
+            **(limits.params if limits is not None else {}),
+        },
     ).fetchone()
     return bool(row["due"])
 

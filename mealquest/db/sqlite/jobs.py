@@ -292,7 +292,9 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         f"AND kind IN ({', '.join(f':{name}' for name in names)}) AND {_NOT_SUSPENDED} "
         "AND kind NOT IN (SELECT kind FROM paused_kinds)"
     )
-    limited = flow.limited_kinds(kinds, request.partitions)
+    limited, due, unpartitioned = _unless_unpartitioned(
+        tx, flow.limited_kinds(kinds, request.partitions), due
+    )
     limits = limits_sql.limits(limited, request.partitions, moment) if limited else None
     unblocked = due
     if limits is not None:
@@ -394,6 +396,7 @@ RETURNING {_COLUMNS}"""
         "limit": limit,
         **names,
         **most_params,
+        **unpartitioned,
     }
     if limits is None:
         rows = tx.execute(statement, params).fetchall()
@@ -406,6 +409,30 @@ RETURNING {_COLUMNS}"""
     if limits is not None:
         limits_sql.record_starts(tx, claimed, request.partitions, moment)
     return claimed
+
+
+def _unless_unpartitioned(
+    tx: Reads, limited: list[str], due: str
+) -> tuple[list[str], str, dict[str, str]]:
+    """The kinds whose partition limits a claim must apply, and its `due`
+    condition: none, when no queued job of `limited` has a partition (one
+    probe of a small partial index), so that the claim needs neither the
+    limits' statements nor the tier probes. `due` then leaves out such jobs,
+    as the limits would have weighed them: one enqueued meanwhile (another
+    transaction, on a server that allows it) waits for the next claim. The
+    third value holds the parameters the new `due` names."""
+    if not limited:
+        return limited, due, {}
+    params = {f"lk{index}": kind for index, kind in enumerate(limited)}
+    names = ", ".join(f":{name}" for name in params)
+    row = tx.execute(
+        "SELECT 1 FROM jobs INDEXED BY jobs_queued_partitioned WHERE status = 'queued' "
+        f"AND partition_key IS NOT NULL AND kind IN ({names}) LIMIT 1",
+        params,
+    ).fetchone()
+    if row is not None:
+        return limited, due, {}
+    return [], f"{due} AND (partition_key IS NULL OR kind NOT IN ({names}))", params
 
 
 def _tier_by_tier(
@@ -652,15 +679,22 @@ def has_due_job(
     moment = _moment(None)
     kinds = list(kinds)
     names = {f"k{index}": kind for index, kind in enumerate(kinds)}
-    limited = flow.limited_kinds(kinds, partitions or {})
+    limited, unpartitioned, unpartitioned_params = _unless_unpartitioned(
+        conn, flow.limited_kinds(kinds, partitions or {}), ""
+    )
     limits = limits_sql.limits(limited, partitions or {}, moment) if limited else None
     head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
     row = conn.execute(
         f"{head}SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= :now "
         f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
-        "AND kind NOT IN (SELECT kind FROM paused_kinds)"
+        f"AND kind NOT IN (SELECT kind FROM paused_kinds){unpartitioned}"
         f"{limits_sql.BLOCKED_FILTER if limits is not None else ''} LIMIT 1",
-        {"now": _text(moment), **names, **(limits.params if limits is not None else {})},
+        {
+            "now": _text(moment),
+            **names,
+            **(limits.params if limits is not None else {}),
+            **unpartitioned_params,
+        },
     ).fetchone()
     return row is not None
 
