@@ -52,7 +52,6 @@ class Sizes:
     pg_jobs: int  # jobs per PostgreSQL throughput run
     fair_jobs: int  # queued jobs, between 1,000 households or held by one, for the fair claim
     fair_a_jobs: int  # household A's jobs ahead of B's one in the B-behind-A delay
-    many_jobs: int  # jobs of one `enqueue_many`, against as many single enqueues
     wal_jobs: int  # single-job enqueues whose WAL frames are counted
 
 
@@ -72,7 +71,6 @@ FULL = Sizes(
     pg_jobs=2_000,
     fair_jobs=20_000,
     fair_a_jobs=100,
-    many_jobs=1_000,
     wal_jobs=1_000,
 )
 
@@ -92,7 +90,6 @@ QUICK = Sizes(
     pg_jobs=100,
     fair_jobs=2_000,
     fair_a_jobs=15,
-    many_jobs=100,
     wal_jobs=50,
 )
 

@@ -1,4 +1,4 @@
-"""The enqueue side: concurrent HTTP enqueuers, `enqueue_many`, and what one enqueue writes.
+"""The enqueue side: concurrent HTTP enqueuers, and what one enqueue writes.
 
 * `serve_and_enqueue`: `POST /api/v1/recipe-imports` through real gunicorn
   (the project's `gunicorn.conf.py`, 2 gevent workers, each with its job
@@ -7,11 +7,9 @@
   does. Alternated, round by round, with the baseline: `GET /bench/trivial`
   (`{"status": "ok"}`) on the same gunicorn, loaded the same way, so the
   ratio is what the enqueue route costs above serving a route at all.
-* `many_child`: 1,000 jobs by one `enqueue_many` against 1,000 `enqueue`
-  calls, one after another, in one process, each from an empty queue (the
-  queue is emptied before each; the household's quota just above 1,000, as a
-  deployment that takes such batches sets it, so that a quota count costs
-  what it would there).
+* (The single enqueue against huey's is measured by the throughput
+  children, `enqueue_vs_huey`: `enqueue_many` against single enqueues
+  rewarded a slow single enqueue.)
 * `wal_child`: WAL pages (frames) one single-job enqueue appends, with the
   schema's triggers on `jobs` and with them dropped, counted from the size of
   the WAL file (automatic checkpoints off).
@@ -24,7 +22,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from datetime import UTC, datetime
@@ -140,42 +137,6 @@ def serve_and_enqueue(
     return summary(http), summary(trivial)
 
 
-def many_child(args: dict) -> dict:
-    """Seconds for `jobs` single enqueues and for one `enqueue_many` of as many, alternated."""
-    from bench.app import create_bench_app
-    from mealquest.extensions import get_store
-    from mealquest.jobs.service import JobRequest, get_jobs
-
-    household, n = args["household"], args["jobs"]
-    app = create_bench_app(
-        {
-            "DATABASE": args["db"],
-            "DB_SYNCHRONOUS": args["synchronous"],
-            "JOB_MAX_PENDING_PER_HOUSEHOLD": n + 1,
-        }
-    )
-    jobs, store = get_jobs(app), get_store(app)
-    requests = [JobRequest("noop", {}, household) for _ in range(n)]
-
-    def empty_queue() -> None:
-        store.write(lambda tx: tx.execute("DELETE FROM jobs"))
-
-    jobs.enqueue("noop", {}, household_id=household)  # warm up: the writer and its connection
-    single, many = [], []
-    for _ in range(args["rounds"]):
-        empty_queue()
-        started = time.perf_counter()
-        for _ in range(n):
-            jobs.enqueue("noop", {}, household_id=household)
-        single.append(time.perf_counter() - started)
-        empty_queue()
-        started = time.perf_counter()
-        jobs.enqueue_many(requests)
-        many.append(time.perf_counter() - started)
-    store.close()
-    return {"single_seconds": median(single), "many_seconds": median(many)}
-
-
 def _wal_frames(path: str) -> int:
     wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
@@ -220,6 +181,5 @@ def wal_child(args: dict) -> dict:
 
 
 CHILDREN = {
-    "enqueue_many": many_child,
     "enqueue_wal": wal_child,
 }
