@@ -64,8 +64,12 @@ PG_FIGURES = (
     "pg_drain_vs_procrastinate",
     "pg_drain_vs_pgqueuer",
     "pg_drain_vs_pgqueuer_default",
+    "pg_drain_vs_awa",
     "pg_two_processes",
     "pg_two_processes_one_household",
+    "pg_wal_bytes_per_job",
+    "pg_write_transactions_per_job",
+    "pg_dead_tuples_per_job",
 )
 # Every figure the quick run produces; the smoke test checks them all. It
 # measures PostgreSQL only on the test command's server: a quick run starts none.
@@ -534,6 +538,12 @@ def _peers_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("procrastinate", "pgqueuer"))
 
 
+def _awa_installed() -> bool:
+    """awa-pg ships a compiled engine for a few platforms only: a reported
+    baseline where its wheel installs, left out elsewhere."""
+    return importlib.util.find_spec("awa") is not None
+
+
 # Households posting the jobs two processes drain: each claim locks the
 # households it takes from, so one household's jobs are claimed by one
 # process at a time (its turn order kept exact), and scaling out is measured
@@ -554,6 +564,7 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         "procrastinate": [],
         "pgqueuer": [],
         "pgqueuer_default": [],
+        "awa": [],
     }
     # Seconds to drain by 1 and 2 processes, by how many households posted.
     processes: dict[tuple[int, int], list[float]] = {
@@ -568,6 +579,8 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             ("pgqueuer", "pg_pgqueuer", False, workers),
             ("pgqueuer_default", "pg_pgqueuer", False, None),
         ]
+    if _awa_installed():
+        children.append(("awa", "pg_awa", False, None))
     with pg.server(workdir) as server, pg.databases(server) as databases:
         version = pg.server_version(server)
         for _ in range(sizes.repeats):
@@ -581,7 +594,12 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
                         "batch": batch,
                         "log": str(log),
                     }
-                    runs[name].append(run_child(child, args))
+                    run = run_child(child, args)
+                    # The child counted its WAL and transactions from its first
+                    # enqueue to its drain's end; dead tuples as the cycle left
+                    # them (autovacuum may have run meanwhile).
+                    run["written"]["dead_tuples"] = pg.dead_tuples(url) / n
+                    runs[name].append(run)
             for (count, households), seconds in processes.items():
                 with databases.new() as (url, household):
                     seconds.append(
@@ -645,6 +663,17 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             "≥ 1.0x",
         ),
         figure(
+            "pg_drain_vs_awa",
+            drain,
+            "jobs/s",
+            rate("awa", "drain"),
+            "jobs/s",
+            "awa's async workers (awa-pg, a Rust engine), same server"
+            if runs["awa"]
+            else "awa-pg not installed (pip install -e '.[bench]')",
+            "report",
+        ),
+        figure(
             "pg_two_processes",
             n / median(processes[2, PG_HOUSEHOLDS]),
             "jobs/s",
@@ -663,17 +692,65 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             "report",
         ),
     ]
-    for row, bound in zip(rows, (0.5, 0.5, 5.0, 1.0, 1.0, 1.5, None), strict=True):
+    for row, bound in zip(rows, (0.5, 0.5, 5.0, 1.0, 1.0, None, 1.5, None), strict=True):
         if bound is not None:
             row["met"] = _at_least(row["ratio"], bound) if row["baseline"] is not None else None
+    rows += _written_rows(runs)
     rows[0]["postgresql"] = version
+    return rows
+
+
+# What each PostgreSQL run wrote per job, against the peer that wrote least.
+PG_WRITTEN = (
+    ("pg_wal_bytes_per_job", "wal_bytes", "bytes"),
+    ("pg_write_transactions_per_job", "write_transactions", "transactions"),
+    ("pg_dead_tuples_per_job", "dead_tuples", "tuples"),
+)
+_PEERS = ("procrastinate", "pgqueuer", "pgqueuer_default", "awa")
+
+
+def _written_rows(runs: dict[str, list[dict]]) -> list[dict]:
+    """Ours per job against the lowest peer's, each peer's named beside it
+    (target for WAL bytes: at most the lowest peer's; the rest reported). A
+    peer that leaves no dead tuple (it deletes nothing, or vacuum came) is no
+    ratio's baseline: there the raw loop is."""
+    rows = []
+    for figure_name, key, unit in PG_WRITTEN:
+
+        def per_job(name: str, key: str = key) -> float | None:
+            if not runs[name]:
+                return None
+            return median([run["written"][key] for run in runs[name]])
+
+        peers = {name: value for name in _PEERS if (value := per_job(name)) is not None}
+        each = ", ".join(f"{name} {value:,.1f}" for name, value in peers.items())
+        positive = {name: value for name, value in peers.items() if value > 0}
+        raw = per_job("raw")
+        if positive:
+            lowest = min(positive, key=positive.__getitem__)
+            baseline, what = positive[lowest], f"the lowest peer's, {lowest} (each: {each})"
+        else:
+            baseline = raw
+            what = f"the raw loop's (the peers: {each or 'none installed'})"
+        row = figure(
+            figure_name,
+            per_job("runner"),
+            unit,
+            baseline,
+            unit,
+            what,
+            "≤ 1.0x" if key == "wal_bytes" and positive else "report",
+        )
+        if key == "wal_bytes" and positive and row["ratio"] is not None:
+            row["met"] = row["ratio"] <= 1.0
+        rows.append(row)
     return rows
 
 
 def _number(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
-    if unit in ("ms", "MB", "pages"):
+    if unit in ("ms", "MB", "pages", "transactions", "tuples"):
         return f"{value:.2f} {unit}"
     return f"{value:,.0f} {unit}"
 

@@ -12,7 +12,7 @@ import sys
 
 from gevent import monkey
 
-UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer"})
+UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer", "pg_awa"})
 
 if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
     pass

@@ -151,6 +151,36 @@ class Databases:
             self._template = None
 
 
+def wal_mark(url: str) -> tuple[int, int]:
+    """Where the server's WAL and transaction ids stand now: the WAL's byte
+    position and the next transaction id. Each throughput child reads it
+    before its enqueues and after its drain, so that what a peer writes to
+    make its schema is not counted. Exact and at once (the statistics views
+    lag by up to a second, and by a backend's exit)."""
+    with _admin(url) as conn:
+        row = conn.execute(
+            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+        ).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def written_since(url: str, mark: tuple[int, int], jobs: int) -> dict[str, float]:
+    """WAL bytes and write transactions (transaction ids taken) per job since `mark`."""
+    lsn, xid = wal_mark(url)
+    return {"wal_bytes": (lsn - mark[0]) / jobs, "write_transactions": (xid - mark[1]) / jobs}
+
+
+def dead_tuples(url: str) -> float:
+    """Dead tuples in the database's tables, as the statistics last saw them."""
+    with _admin(url) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
+        ).fetchone()
+    return float(row[0])
+
+
 @contextmanager
 def databases(server_url: str) -> Iterator[Databases]:
     made = Databases(server_url)

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import pg
 from bench.common import wait_until
 from bench.throughput import start_workers, stop_processes
 
@@ -70,6 +71,7 @@ def raw_child(args: dict) -> dict:
 
     conn = psycopg.connect(args["url"], autocommit=True)
     household, n = args["household"], args["jobs"]
+    mark = pg.wal_mark(args["url"])
     started = time.perf_counter()
     for _ in range(n):
         conn.execute("BEGIN")
@@ -89,7 +91,11 @@ def raw_child(args: dict) -> dict:
         conn.execute("COMMIT")
     drained = time.perf_counter()
     conn.close()
-    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+    return {
+        "enqueue_seconds": enqueued - started,
+        "drain_seconds": drained - enqueued,
+        "written": pg.written_since(args["url"], mark, n),
+    }
 
 
 def _active(conn: Any) -> bool:
@@ -109,6 +115,7 @@ def runner_child(args: dict) -> dict:
     jobs, store = get_jobs(app), get_store(app)
     household, n = args["household"], args["jobs"]
     counter.expect(n)
+    mark = pg.wal_mark(args["url"])
     started = time.perf_counter()
     for _ in range(n):
         jobs.enqueue("noop", {}, household_id=household)
@@ -126,7 +133,12 @@ def runner_child(args: dict) -> dict:
         # the stop killed it, and a thread never started cannot be joined. The
         # figure is measured by then; the log keeps the trace for the store's owner.
         logging.getLogger(__name__).exception("closing the PostgreSQL store failed")
-    return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+    written = pg.written_since(args["url"], mark, n)
+    return {
+        "enqueue_seconds": enqueued - started,
+        "drain_seconds": drained - enqueued,
+        "written": written,
+    }
 
 
 def procrastinate_child(args: dict) -> dict:
@@ -158,6 +170,7 @@ def procrastinate_child(args: dict) -> dict:
     async def run() -> dict:
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
+            mark = pg.wal_mark(args["url"])
             started = time.perf_counter()
             for _ in range(n):
                 await noop.defer_async()
@@ -167,13 +180,65 @@ def procrastinate_child(args: dict) -> dict:
                 concurrency=args["workers"], wait=False, install_signal_handlers=False
             )
             drained = time.perf_counter()
+            written = pg.written_since(args["url"], mark, n)
             rows = await app.connector.execute_query_all_async(
                 "SELECT status, count(*) AS jobs FROM procrastinate_jobs GROUP BY status"
             )
         by_status = {row["status"]: row["jobs"] for row in rows}
         if by_status != {"succeeded": n} or done["count"] != n:
             raise RuntimeError(f"procrastinate drained {done['count']} of {n}: {by_status}")
-        return {"enqueue_seconds": enqueued - started, "drain_seconds": drained - enqueued}
+        return {
+            "enqueue_seconds": enqueued - started,
+            "drain_seconds": drained - enqueued,
+            "written": written,
+        }
+
+    return asyncio.run(run())
+
+
+def awa_child(args: dict) -> dict:
+    """The peer: awa (a Rust engine, its Python SDK `awa-pg`), its async
+    workers (`workers` on one queue) on an empty database of the same
+    server, its schema migrated by its client, a no-op task; jobs inserted
+    one at a time, as ours are."""
+    from dataclasses import dataclass
+
+    from awa import AsyncClient
+
+    @dataclass
+    class Noop:
+        n: int = 0
+
+    n = args["jobs"]
+
+    async def run() -> dict:
+        client = AsyncClient(args["url"])
+        await client.migrate()
+        done, count = asyncio.Event(), {"jobs": 0}
+
+        @client.task(Noop, queue="bench")
+        async def noop(job: object) -> None:
+            count["jobs"] += 1
+            if count["jobs"] >= n:
+                done.set()
+
+        mark = pg.wal_mark(args["url"])
+        started = time.perf_counter()
+        for _ in range(n):
+            await client.insert(Noop(), queue="bench")
+        enqueued = time.perf_counter()
+        await client.start([("bench", args["workers"])])
+        await asyncio.wait_for(done.wait(), timeout=600)
+        drained = time.perf_counter()
+        await client.shutdown()
+        written = pg.written_since(args["url"], mark, n)
+        if count["jobs"] != n:
+            raise RuntimeError(f"awa ran {count['jobs']} of {n}")
+        return {
+            "enqueue_seconds": enqueued - started,
+            "drain_seconds": drained - enqueued,
+            "written": written,
+        }
 
     return asyncio.run(run())
 
@@ -216,6 +281,7 @@ def pgqueuer_child(args: dict) -> dict:
         await queries.install()
         watching = await psycopg.AsyncConnection.connect(url, autocommit=True)
         watcher = Queries(PsycopgDriver(watching))
+        mark = pg.wal_mark(args["url"])
         started = time.perf_counter()
         await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
         enqueued = time.perf_counter()
@@ -239,12 +305,14 @@ def pgqueuer_child(args: dict) -> dict:
         left = sum(size.count for size in await watcher.queue_size())
         await watching.close()
         await connection.close()
+        written = pg.written_since(args["url"], mark, n)
         if left or done["count"] != n:
             raise RuntimeError(f"pgqueuer drained {done['count']} of {n}, {left} left queued")
         return {
             "enqueue_seconds": enqueued - started,
             "drain_seconds": drained - enqueued,
             "batch": batch,
+            "written": written,
         }
 
     return asyncio.run(run())
@@ -253,6 +321,7 @@ def pgqueuer_child(args: dict) -> dict:
 CHILDREN = {
     "pg_raw": raw_child,
     "pg_runner": runner_child,
+    "pg_awa": awa_child,
     "pg_procrastinate": procrastinate_child,
     "pg_pgqueuer": pgqueuer_child,
 }
