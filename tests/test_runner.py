@@ -1,4 +1,4 @@
-"""The runner's behaviour, ported from the reference, on a real database and real pool."""
+"""The runner's behaviour on a real database and a real pool."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Job kinds: a handler with its typed payload and result, and how it retries.
 
 Payloads and results cross the database as JSON and are typed by marshmallow
-schemas only at these edges: unknown fields are rejected, as the reference's
-`DisallowUnknownFields` did; inside, handlers see plain loaded values.
+schemas only at these edges: unknown fields are rejected, so that a misspelt
+field is an error at enqueue rather than a value the handler silently never
+sees; inside, handlers see plain loaded values.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""Every module of the service is placed in the architecture: named by
+exactly one item of the import-linter layers contract (pyproject.toml), so
+that the contract checks its imports. A module in no layer would have its
+imports checked by nothing; one in two, by a contract that contradicts
+itself. Package `__init__` modules that hold no code are containers."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "mealquest"
+
+
+def _layer_items() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [layers] = [
+        contract
+        for contract in config["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "layers"
+    ]
+    items = []
+    for layer in layers["layers"]:
+        for item in layer.replace("|", ":").split(":"):
+            items.append(f"mealquest.{item.strip()}")
+    return items
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _holds_code(path: Path) -> bool:
+    """Whether the module does more than document itself."""
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return any(
+        not (isinstance(node, ast.ImportFrom) and node.module == "__future__") for node in body
+    )
+
+
+def test_every_module_is_in_exactly_one_layer():
+    items = _layer_items()
+    misplaced = {}
+    for name, path in _modules().items():
+        if name == "mealquest" or (path.name == "__init__.py" and not _holds_code(path)):
+            continue
+        covering = [item for item in items if name == item or name.startswith(item + ".")]
+        if len(covering) != 1:
+            misplaced[name] = covering
+    assert misplaced == {}, misplaced
