@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import gevent
 from flask import Flask, current_app
 
 from mealquest.db import migrations
 from mealquest.db.driver import Store, Transaction
+from mealquest.db.errors import (
+    StorageFault,
+    StoreBroken,
+    StoreBusy,
+    StoreUnavailable,
+    WriteOutcomeUnknown,
+)
 from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing, quota, retention
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
@@ -23,6 +32,13 @@ from mealquest.model.households import Household
 from mealquest.model.jobs import DEFAULT_PRIORITY, Job, NewJob, Status
 
 logger = logging.getLogger(__name__)
+
+# An enqueue whose connection the database dropped is tried again on a new one
+# for this long (a PostgreSQL restart or failover takes a few seconds), the
+# pauses between tries doubling from the first to the last.
+_REENQUEUE_SECONDS = 10.0
+_REENQUEUE_FIRST_DELAY_SECONDS = 0.05
+_REENQUEUE_MAX_DELAY_SECONDS = 1.0
 
 __all__ = ["Enqueued", "JobRequest", "JobService", "get_jobs", "init_app"]
 
@@ -165,9 +181,71 @@ class JobService:
             return done
 
         try:
-            return self.store.write(insert) if tx is None else insert(tx)
+            return insert(tx) if tx is not None else self._write_again_if_dropped(insert, jobs)
         except _AtQuota as error:
             raise TooManyJobs(self.quota_retry_after(error.args[0])) from None
+
+    def _write_again_if_dropped(
+        self, insert: Callable[[Transaction], list[Enqueued]], jobs: list[NewJob]
+    ) -> list[Enqueued]:
+        """The enqueue's transaction, tried again on a new connection when
+        the database dropped the one it had (a killed backend, a restart, a
+        failover), for `_REENQUEUE_SECONDS` at most; then StoreUnavailable
+        goes to the caller (`503`).
+
+        Safe because the job ids are made before the insert: a transaction
+        that failed before its COMMIT wrote nothing, and one whose COMMIT's
+        answer was lost (WriteOutcomeUnknown) is looked for by its ids: found,
+        it is answered as it committed, never inserted twice. A lock that
+        stayed taken (StoreBusy: its wait is already spent), a storage fault
+        and a store that can no longer write are not tried again."""
+        deadline = time.monotonic() + _REENQUEUE_SECONDS
+        delay = _REENQUEUE_FIRST_DELAY_SECONDS
+        unsure = False  # a COMMIT's answer was lost: look for the jobs first
+        while True:
+            try:
+                if unsure:
+                    committed = self._committed(jobs)
+                    if committed is not None:
+                        return committed
+                return self.store.write(insert)
+            except (StoreBusy, StorageFault, StoreBroken):
+                raise
+            except WriteOutcomeUnknown:
+                unsure, why = True, "its commit's answer was lost"
+            except StoreUnavailable:
+                why = "the database dropped its connection"
+            if time.monotonic() + delay > deadline:
+                raise StoreUnavailable()
+            logger.warning("an enqueue of %d jobs: %s; trying again", len(jobs), why)
+            gevent.sleep(delay)
+            delay = min(delay * 2, _REENQUEUE_MAX_DELAY_SECONDS)
+
+    def _committed(self, jobs: list[NewJob]) -> list[Enqueued] | None:
+        """What an enqueue whose COMMIT's answer was lost did, if it committed:
+        None if none of its new jobs exists (then it wrote nothing that a
+        second try could repeat: a job with an idempotency key that a holder
+        answered makes no row, and answers the same again)."""
+        found = self.store.read(self.store.jobs.changed_jobs, {job.job_id: 0 for job in jobs})
+        present = {job_id for job_id, job in found.items() if job is not None}
+        if not present:
+            return None
+
+        def holders(tx: Transaction) -> list[Enqueued]:
+            answers = []
+            for job in jobs:
+                if job.job_id in present or job.unique_key is None:
+                    answers.append(Enqueued(job.job_id))
+                    continue
+                holder = self.store.jobs.holder_of_key(
+                    tx, household_id=job.household_id, unique_key=job.unique_key
+                )
+                answers.append(
+                    Enqueued(job.job_id) if holder is None else Enqueued(holder[0], created=False)
+                )
+            return answers
+
+        return self.store.write(holders)
 
     def _check_quota(self, tx: Transaction, household_id: int) -> None:
         """Refuse (rolling the transaction back) a household past its quota.
