@@ -333,3 +333,40 @@ def test_the_runners_store_has_connections_no_request_can_take(make_store, house
     store.close()  # closes the runner's pool too; a later call makes another
     assert runner._pool is None
     assert store.for_runner() is not runner
+
+
+def test_a_connection_found_read_only_is_replaced_and_writes_go_on(make_store, pg_url, route):
+    # After a failover a pooled connection may sit on a server that became a
+    # standby: every write on it is refused for good. Such a write is
+    # StoreUnavailable (503, try again), and its connection is closed, so
+    # that the pool's next ones reach a server that writes. Here the server
+    # makes its new sessions read-only, as a standby's are, and then stops.
+    if route == "pgbouncer":
+        pytest.skip("PgBouncer keeps its own server connections: the database's setting is its")
+    store = make_store(pool_size=3)
+    name = psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+
+    def write(tx):
+        return tx.execute("INSERT INTO households (name) VALUES ('x') RETURNING id").fetchone()
+
+    try:
+        for _ in range(3):  # every connection the pool opened meanwhile is read-only
+            with pytest.raises(StoreUnavailable):
+                store.write(write)
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SET default_transaction_read_only = off")
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+    # Each read-only connection met is replaced: within the pool's size, a
+    # write succeeds; a pool that kept them would fail every write for good.
+    done = []
+    for _ in range(3 + 1):
+        try:
+            done.append(store.write(write))
+            break
+        except StoreUnavailable:
+            continue
+    assert len(done) == 1

@@ -400,8 +400,15 @@ class PostgresStore:
             # The connection's state is unknown: the pool replaces it.
             conn.close()
             raise StoreUnavailable() from None
-        except BaseException:
-            _settle(conn)
+        except BaseException as error:
+            if getattr(error, "sqlstate", None) == _READ_ONLY_TRANSACTION:
+                # A server that is (or became) a standby: this connection will
+                # never write again. Closed, the pool replaces it, and a new
+                # connection finds the primary (`target_session_attrs=read-write`
+                # in a URL of several hosts).
+                conn.close()
+            else:
+                _settle(conn)
             raise
         finally:
             if backstop is not None:
