@@ -31,11 +31,15 @@ def _end_every_connection_of(store, database) -> int:
     return len(rows)
 
 
+@pytest.fixture(autouse=True)
+def _postgresql_only(database):
+    if "DATABASE_URL" not in database:
+        pytest.skip("an SQLite connection is not the server's to drop")
+
+
 def test_an_enqueue_after_the_servers_connections_were_killed_is_made_once(
     make_app, database, household
 ):
-    if "DATABASE_URL" not in database:
-        pytest.skip("an SQLite connection is not the server's to drop")
     app = make_app()
     jobs, store = get_jobs(app), get_store(app)
     # Connections in the pools, as a serving process has them.
@@ -58,8 +62,6 @@ def test_an_enqueue_after_the_servers_connections_were_killed_is_made_once(
 def test_an_enqueue_whose_commit_answer_was_lost_is_found_not_made_again(
     make_app, database, household
 ):
-    if "DATABASE_URL" not in database:
-        pytest.skip("an SQLite connection is not the server's to drop")
     app = make_app()
     jobs, store = get_jobs(app), get_store(app)
     prepared = enqueueing.prepare_all(

@@ -153,13 +153,13 @@ def test_a_stream_whose_reader_stops_is_dropped_after_its_send_timeout(served, s
     job_id = enqueue(server.url, household.token, "publish_big", {"steps": 400, "pause": 0.02})
     with stalled_stream(server, household.token, job_id):
         wait_until(lambda: held(served.store, household.household_id) == 1, DEADLINE, "no stream")
-        # Dropped (its place released) while the job still publishes.
+        # Dropped: its place released. Without the send timeout the write
+        # stays stuck, and the place held, even after the job has ended.
         wait_until(
             lambda: held(served.store, household.household_id) == 0,
             DEADLINE,
             "the stalled stream was never dropped",
         )
-        assert job(served.store, job_id)["status"] == "running"
     wait_until(lambda: final_jobs(served.store, [job_id]), DEADLINE, "the job did not finish")
 
 
