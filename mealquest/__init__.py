@@ -20,6 +20,7 @@ from mealquest.metrics import http as http_metrics
 from mealquest.metrics import view as metrics_view
 from mealquest.recipes import kind as recipe_import
 from mealquest.serving import middleware
+from mealquest.serving.work import jobs_work
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -47,6 +48,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     json_bodies.init_app(app)
     cli.init_app(app)
+    jobs_cli.add_command(jobs_work)
     app.cli.add_command(jobs_cli)
     health.init_app(app)
     app.register_blueprint(api_bp)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mealquest.jobs.runner.blocked_exit import BlockedLoop
+from mealquest.serving.blocked_exit import BlockedLoop
 from mealquest.model.jobs import Status
 from tests.conftest import wait_for
 from tests.support.processes import flask_jobs_work, process_group, wait_working

@@ -10,18 +10,21 @@ header. Without the header every request makes a job (`202`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flask import request, url_for
-from marshmallow import ValidationError
+from marshmallow import Schema, ValidationError
 
 from mealquest.auth import current_household
 from mealquest.errors import APIError, not_found
 from mealquest.jobs.answers import job_answer
 from mealquest.jobs.enqueueing import UNIQUE_KEY_PATTERN, UNIQUE_KEY_RULE, Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused
+from mealquest.jobs.schemas import JobSchema
 from mealquest.jobs.service import get_jobs
+from mealquest.openapi import operation
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 
@@ -40,6 +43,48 @@ ENQUEUED_HEADERS: dict[str, dict[str, Any]] = {
     "Location": {"description": "the job's URL", "required": True, "schema": {"type": "string"}}
 }
 REPLAYED = "a repeat of an earlier request with the same `Idempotency-Key`: the job it made"
+
+
+_job_schema = JobSchema()
+
+Answer = tuple[dict[str, Any], int, dict[str, str]]
+
+
+def enqueues(
+    kind: str, *, body: Schema, summary: str | None = None
+) -> Callable[[Callable[[Any], Mapping[str, Any]]], Callable[[], Answer]]:
+    """Make a route that enqueues a job of `kind` from its JSON body.
+
+    The decorated function gets the body as `body` loaded it and returns the
+    job's payload. The route reads the `Idempotency-Key`, answers `202` (or
+    `200` for a repeat) with the job and its `Location`, and declares all of
+    that in the OpenAPI document; a body that does not fit is `400` and
+    nothing is written. The summary is the function's docstring's first
+    line unless given.
+    """
+
+    def decorate(payload_of: Callable[[Any], Mapping[str, Any]]) -> Callable[[], Answer]:
+        @functools.wraps(payload_of)
+        def view() -> Answer:
+            # get_json: a body that is not JSON is Flask's 415 (wrong type) or
+            # 400 (malformed); an oversized one is 413. The key and the body
+            # are checked before any write.
+            key = idempotency_key()
+            payload = payload_of(body.load(request.get_json()))
+            return answer(enqueue(kind, payload, key))
+
+        return operation(
+            body=body,
+            response=_job_schema,
+            status=202,
+            also={200: REPLAYED},
+            errors=(422, 429),
+            headers=(IDEMPOTENCY_HEADER_PARAMETER,),
+            summary=summary,
+            response_headers=ENQUEUED_HEADERS,
+        )(view)
+
+    return decorate
 
 
 def idempotency_key() -> str | None:
@@ -64,7 +109,7 @@ def enqueue(kind: str, payload: Mapping[str, Any], key: str | None) -> Enqueued:
         ) from None
 
 
-def answer(enqueued: Enqueued) -> tuple[dict[str, Any], int, dict[str, str]]:
+def answer(enqueued: Enqueued) -> Answer:
     """`202` with a new job, `200` with the one a repeated key names; `Location` either way."""
     job = get_jobs().get(enqueued.job_id, household_id=current_household().id)
     if job is None:  # deleted since (a retention prune): the key went with it

@@ -11,7 +11,6 @@ from mealquest.auth import current_household
 from mealquest.errors import not_found
 from mealquest.extensions import get_store
 from mealquest.jobs import http as jobs_http
-from mealquest.jobs.schemas import JobSchema
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
 from mealquest.recipes.kind import KIND
@@ -29,29 +28,16 @@ recipes_bp = Blueprint("recipes", __name__, url_prefix="/recipes")
 _RECIPE_ID = re.compile(RECIPE_ID_PATTERN)
 _path_schema = RecipePathSchema()
 _import_schema = RecipeImportSchema()
-_job_schema = JobSchema()
 _recipe_schema = RecipeSchema()
 _list_schema = RecipeListSchema()
 _query_schema = PageQuerySchema()
 
 
 @imports_bp.post("")
-@operation(
-    body=_import_schema,
-    response=_job_schema,
-    status=202,
-    also={200: jobs_http.REPLAYED},
-    errors=(422, 429),
-    headers=(jobs_http.IDEMPOTENCY_HEADER_PARAMETER,),
-    summary="Start importing a recipe from a web page; poll the job it answers.",
-    response_headers=jobs_http.ENQUEUED_HEADERS,
-)
-def create_import() -> tuple[dict[str, Any], int, dict[str, str]]:
-    # get_json: a body that is not JSON is Flask's 415 (wrong type) or 400
-    # (malformed); an oversized one is 413. Validation happens before any write.
-    key = jobs_http.idempotency_key()
-    body = _import_schema.load(request.get_json())
-    return jobs_http.answer(jobs_http.enqueue(KIND, body, key))
+@jobs_http.enqueues(KIND, body=_import_schema)
+def create_import(body: dict[str, Any]) -> dict[str, Any]:
+    """Start importing a recipe from a web page; poll the job it answers."""
+    return body
 
 
 @recipes_bp.get("/<recipe_id>")

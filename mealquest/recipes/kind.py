@@ -32,10 +32,8 @@ from urllib.parse import urlsplit
 
 from flask import Flask
 
-from mealquest.jobs.context import JobContext
-from mealquest.jobs.registry import Backoff, KindOptions, Registry
-from mealquest.jobs.service import get_jobs
-from mealquest.model.jobs import Failure, Snooze
+from mealquest import jobs
+from mealquest.jobs import Backoff, Failure, JobContext, KindOptions, Snooze
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes import parser_pool
 from mealquest.recipes.fetch import FetchError, FetchPolicy, HTTPStatusError, Page, fetch
@@ -158,7 +156,7 @@ class HostLimits:
 
 
 def register(
-    registry: Registry,
+    app: Flask,
     policy: FetchPolicy,
     parsing: Parsing,
     *,
@@ -170,7 +168,8 @@ def register(
     def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return import_recipe(payload, ctx, policy, parsing)
 
-    registry.register(
+    jobs.register(
+        app,
         KIND,
         handler,
         payload=RecipeImportSchema,
@@ -199,7 +198,7 @@ def init_app(app: Flask) -> None:
     `mealquest.api`), not here, so that they cannot skip authentication.
     """
     register(
-        get_jobs(app).registry,
+        app,
         FetchPolicy.from_config(app.config),
         Parsing(
             seconds=float(app.config["RECIPE_PARSE_SECONDS"]),
