@@ -32,7 +32,7 @@ API_PREFIX = "/api/v1"
 SECURITY_SCHEME = "bearerAuth"
 EXTENSION_KEY = "mealquest.openapi"
 
-# Every `code` the error envelope can carry (the README lists what each means).
+# Every `code` the error envelope can carry (docs/api/index.md lists what each means).
 ERROR_CODES = (
     "validation_error",
     "unauthorized",
@@ -270,7 +270,7 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
 
 # The operators' routes (the Prometheus scrape, the dashboard's pages) take an
 # operator's token or session, never a household's: they are not part of the
-# households' API this document describes (the README documents them).
+# households' API this document describes (the docs document them).
 _OPERATORS_BLUEPRINTS = ("metrics.", "admin.")
 
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from mealquest.serving.blocked_exit import BlockedLoop
 from mealquest.model.jobs import Status
+from mealquest.serving.blocked_exit import BlockedLoop
 from tests.conftest import wait_for
 from tests.support.processes import flask_jobs_work, process_group, wait_working
 

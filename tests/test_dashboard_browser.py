@@ -4,7 +4,7 @@ the overview, filter the jobs list, open a job, retry a failed job and watch
 it run again without a reload, cancel a running job, sign out. One browser
 and one server for the module; each step saves a screenshot of its page
 under the test's temp directory (and under `MQ_SCREENSHOT_DIR` when set, to
-refresh the README's pictures)."""
+refresh the docs' pictures, docs/*.png)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ it, and a household suspended (its token answers 403, its queued job waits
 while another household's runs) and then erased (its rows gone, the other
 household's untouched). One browser for the module, one server per
 database; screenshots go under the test's temp directory, and under
-`MQ_SCREENSHOT_DIR` when set (the README's pictures come from there)."""
+`MQ_SCREENSHOT_DIR` when set (the docs' pictures come from there)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def browser():
 
 
 def screenshot(site, target, tmp_path, name):
-    """A page's (or an element's) picture; the README's come from SQLite's run."""
+    """A page's (or an element's) picture; the docs' come from SQLite's run."""
     path = tmp_path / f"{name}.png"
     if isinstance(target, WebElement):
         assert target.screenshot(str(path))

@@ -1,8 +1,8 @@
 """The systemd units shipped in deploy/systemd/: valid to systemd itself
 (`systemd-analyze verify`, their paths pointed at this checkout), and holding
-the values the README and gunicorn.conf.py promise: a stop that outlasts the
+the values the deployment guide and gunicorn.conf.py promise: a stop that outlasts the
 graceful one, SIGTERM to the main process only, a reload by SIGHUP, the
-commands the README names."""
+commands the deployment guide names."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 UNITS = REPO / "deploy" / "systemd"
 WEB = UNITS / "mealquest.service"
 WORKER = UNITS / "mealquest-worker@.service"
-# Where the units expect the release (the README's layout).
+# Where the units expect the release (the deployment guide's layout).
 APP_DIR = "/srv/mealquest/app"
 
 
@@ -85,10 +85,10 @@ def test_the_worker_unit_outlasts_a_stopping_pool_and_shares_the_web_units_envir
     assert set(database) <= set(unit["Service"]["Environment"])
 
 
-def test_the_readme_points_at_the_shipped_units():
-    readme = (REPO / "README.md").read_text()
+def test_the_deployment_guide_points_at_the_shipped_units():
+    guide = (REPO / "docs" / "operations" / "deployment.md").read_text()
     for unit in (WEB, WORKER):
-        assert f"deploy/systemd/{unit.name}" in readme
+        assert f"deploy/systemd/{unit.name}" in guide
 
 
 def test_systemd_accepts_the_units(tmp_path):

@@ -163,7 +163,7 @@ def test_after_an_erase_no_byte_of_the_household_is_left_in_the_sqlite_files(
     app, runner, jobs, store, household, other_household, database
 ):
     if "DATABASE" not in database:
-        pytest.skip("PostgreSQL keeps dead tuples until VACUUM: the README says what stays")
+        pytest.skip("PostgreSQL keeps dead tuples until VACUUM: the docs say what stays")
     mine = household.household_id
     secret = "q7TOKENq7"
     for n in range(40):

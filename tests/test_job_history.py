@@ -1,5 +1,5 @@
 """The charts' history and its percentiles, on both databases: the figures
-are within 19 % of the true nearest-rank percentile (the README's promise,
+are within 19 % of the true nearest-rank percentile (the docs' promise,
 from the buckets the migration defines), and what the real runner did shows
 per kind and period: outcomes counted exactly, wait and run times as
 percentiles of the real durations. The prune job deletes history the charts

@@ -1,4 +1,4 @@
-"""`python -m mealquest.config`: print the README's settings table from the table itself."""
+"""`python -m mealquest.config`: print the settings reference's table from the table itself."""
 
 from mealquest.config.table import markdown_table
 

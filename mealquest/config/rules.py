@@ -85,7 +85,7 @@ def one_of(*choices: str) -> Rule:
 
 
 def lower_one_of(*choices: str) -> Rule:
-    """One of `choices`, as the README writes them (lower case)."""
+    """One of `choices`, as the docs write them (lower case)."""
 
     def rule(value: Any) -> str:
         if not isinstance(value, str) or value.strip().lower() not in choices:

@@ -1,7 +1,7 @@
 """Every `MEALQUEST_*` setting, once: its default, the rule its value keeps, and its doc.
 
-The README's settings table is this table (`python -m mealquest.config`
-prints it, and a test holds the README to it); `create_app` starts from
+The docs' settings reference is this table (`python -m mealquest.config`
+prints it; the docs build renders it); `create_app` starts from
 these defaults and checks every value by its rule; the pool's settings take
 their defaults from it.
 """
@@ -33,7 +33,7 @@ BLOCKED_EXIT_PER_MAX_BLOCKING = 10
 @dataclass(frozen=True)
 class Setting:
     """One setting: `key` without its `MEALQUEST_` prefix; `shown` is how the
-    README states the default when the value alone would not say it."""
+    docs state the default when the value alone would not say it."""
 
     key: str
     default: Any
@@ -53,7 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
         rules.database_url,
         "the database: `sqlite:///relative/path`, `sqlite:////absolute/path` or "
         "`postgresql://user:password@host:port/db` (`postgres://` too); unset, the SQLite "
-        "file `MEALQUEST_DATABASE`. See [PostgreSQL](#postgresql-and-several-hosts)",
+        "file `MEALQUEST_DATABASE`. See [PostgreSQL](../operations/postgresql.md)",
     ),
     Setting(
         "DATABASE",
@@ -95,7 +95,7 @@ SETTINGS: tuple[Setting, ...] = (
         "itself (or a pooler in session mode); `transaction`: a pooler that gives out a "
         "server connection per transaction (PgBouncer's `pool_mode = transaction`): no "
         "prepared statements, no LISTEN, the settings made in each transaction. See "
-        "[Through PgBouncer](#through-pgbouncer-in-transaction-mode)",
+        "[Through PgBouncer](../operations/postgresql.md#through-pgbouncer-in-transaction-mode)",
     ),
     Setting(
         "DB_SYNCHRONOUS",
@@ -185,7 +185,7 @@ SETTINGS: tuple[Setting, ...] = (
         "so that its jobs' leases cannot expire while it lives. `MEALQUEST_JOB_LEASE_SECONDS` "
         "must exceed it plus a heartbeat (and, under gunicorn, gunicorn's `timeout` plus a "
         "heartbeat); a start that breaks either is refused with one line. See [What a handler "
-        "must not do](#what-a-handler-must-not-do)",
+        "must not do](../guides/job-api.md#what-a-handler-must-not-do)",
         shown="ten times `MEALQUEST_JOB_MAX_BLOCKING_SECONDS` (`10.0`; ten times its "
         "default when that is `0`)",
     ),
@@ -195,7 +195,7 @@ SETTINGS: tuple[Setting, ...] = (
         rules.whole(1),
         "a household's quota: jobs it may have queued or running at once; an enqueue past "
         "it is refused (`429 too_many_jobs`). See "
-        "[Fair shares](#fair-shares-between-households-quota-and-claim-order)",
+        "[Fair shares](../architecture/fair-shares.md)",
     ),
     Setting(
         "JOB_MAX_SNOOZES",
@@ -203,14 +203,14 @@ SETTINGS: tuple[Setting, ...] = (
         rules.whole(0),
         "how many times a job may be snoozed (a handler's `Snooze`, which spends no "
         "attempt); the next snooze fails it `snoozed too often`. See "
-        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+        "[Flow control](../guides/flow-control.md)",
     ),
     Setting(
         "STREAM_MAX_SECONDS",
         300.0,
         rules.positive,
         "a job's event stream (`GET /api/v1/jobs/{id}/events`) ends after this long; the "
-        "client reconnects with `Last-Event-ID`. See [Waiting for a job](#waiting-for-a-job)",
+        "client reconnects with `Last-Event-ID`. See [Waiting for a job](../guides/waiting.md)",
     ),
     Setting(
         "STREAM_MAX_PER_HOUSEHOLD",
@@ -281,7 +281,7 @@ SETTINGS: tuple[Setting, ...] = (
         "how old a periodic kind's scheduled time may be and still make its job when a "
         "scheduler looks after it: if every process was down across a slot for less than "
         "this, the slot's job is made when one is back (one job for all the slots missed, "
-        "the latest); older slots are skipped. See [Periodic jobs](#periodic-jobs)",
+        "the latest); older slots are skipped. See [Periodic jobs](../guides/periodic-jobs.md)",
     ),
     Setting(
         "JOB_RETENTION_DAYS",
@@ -289,14 +289,14 @@ SETTINGS: tuple[Setting, ...] = (
         rules.whole(0),
         "finished jobs (every final status) older than this many whole days are deleted by "
         "the hourly `prune_jobs` maintenance job; `0` keeps them all. Recipes stay. See "
-        "[Retention](#retention)",
+        "[Retention](../operations/administration.md#retention)",
     ),
     Setting(
         "DASHBOARD",
         False,
         rules.flag,
         "serve the operators' dashboard at `/admin/` (see "
-        "[Operators](#operators-metrics-and-the-dashboard)); on, `MEALQUEST_SECRET_KEY` is "
+        "[Operators](../operations/dashboard.md)); on, `MEALQUEST_SECRET_KEY` is "
         "required",
     ),
     Setting(
@@ -388,7 +388,7 @@ SETTINGS: tuple[Setting, ...] = (
         "time a page's parse may take, on the wall clock and of CPU (whole seconds there, "
         "rounded up), in its parser process, which is killed then: the import fails `the "
         "page could not be read`. Real recipe pages of 1.2 MB parse in 0.3 s of CPU. See "
-        "[Recipe import](#recipe-import)",
+        "[Recipe import](../guides/recipe-import.md)",
     ),
     Setting(
         "RECIPE_IMPORTS_PER_PROCESS",
@@ -410,7 +410,7 @@ SETTINGS: tuple[Setting, ...] = (
         rules.whole(0),
         "recipe imports of one host (the URL's, lower case, `www.` left out) that run at "
         "once in the whole deployment; `0`: no limit. See "
-        "[Flow control](#flow-control-pause-snooze-and-limits-per-partition)",
+        "[Flow control](../guides/flow-control.md)",
     ),
     Setting(
         "RECIPE_FETCH_PER_HOST_PER_MINUTE",
@@ -438,7 +438,7 @@ def _shown(setting: Setting) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table, row for row."""
+    """The settings reference's table, row for row (links relative to that page)."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     lines += [f"| `{s.variable}` | {_shown(s)} | {s.doc} |" for s in SETTINGS]
     return "\n".join(lines) + "\n"

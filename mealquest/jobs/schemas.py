@@ -34,8 +34,8 @@ def _time(description: str, *, nullable: bool = True) -> fields.String:
 
 
 class QueueSchema(Schema):
-    """Where a queued job stands (how exact each figure is: the README's
-    "Waiting for a job")."""
+    """Where a queued job stands (how exact each figure is: the docs'
+    guide "Waiting for a job", docs/guides/waiting.md)."""
 
     position = fields.Integer(
         required=True,

@@ -294,7 +294,7 @@ def test_a_position_past_the_bound_says_the_bound(store, household):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_each_claim_of_a_job_ahead_lowers_every_position_by_one(store, household, seed):
-    """The exactness the README states: claims of one job each, nothing else
+    """The exactness the docs state: claims of one job each, nothing else
     changing, and the play's next job is the one the claim takes."""
     rng = random.Random(seed)
     households = [household] + [other_household(store, f"H{n}", str(n)) for n in range(3)]

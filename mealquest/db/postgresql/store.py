@@ -222,7 +222,7 @@ class PostgresStore:
     def forget_deleted(self, timeout_seconds: float) -> bool:
         """Nothing the service can do: deleted rows stay as dead tuples until
         autovacuum reuses their space, and in the WAL, its archives and the
-        backups for as long as they are kept (see the README)."""
+        backups for as long as they are kept (docs/operations/administration.md)."""
         return True
 
     # -- connections ------------------------------------------------------------
