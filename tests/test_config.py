@@ -78,6 +78,8 @@ def build(tmp_path, **config):
         ),
         ("PG_POOLER", "session", 'must be one of none, transaction (got "session")'),
         ("PG_LISTEN", "sometimes", 'must be true or false (got "sometimes")'),
+        ("PG_DEAD_SOCKET_SECONDS", 2, "must be a whole number, 3 or more (got 2)"),
+        ("PG_DEAD_SOCKET_SECONDS", "15s", 'must be a whole number, 3 or more (got "15s")'),
     ],
 )
 def test_a_bad_value_is_one_line_naming_its_variable(tmp_path, key, value, message):

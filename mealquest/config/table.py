@@ -98,6 +98,15 @@ SETTINGS: tuple[Setting, ...] = (
         "[Through PgBouncer](../operations/postgresql.md#through-pgbouncer-in-transaction-mode)",
     ),
     Setting(
+        "PG_DEAD_SOCKET_SECONDS",
+        15,
+        rules.whole(3),
+        "PostgreSQL: a connection whose server vanished without closing it (a host down, "
+        "a network cut, a failover) is found dead within this many seconds, by TCP "
+        "keepalives while it waits and `tcp_user_timeout` while it sends, and replaced. See "
+        "[Failover](../operations/failover.md)",
+    ),
+    Setting(
         "DB_SYNCHRONOUS",
         "NORMAL",
         rules.one_of(*SYNCHRONOUS_MODES),

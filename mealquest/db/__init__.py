@@ -74,6 +74,7 @@ def open_store(config: Mapping[str, Any]) -> Store:
             listen=pooler != "transaction" if listen is None else bool(listen),
             pooler=pooler,
             runner_pool_size=config.get("PG_RUNNER_POOL_SIZE"),
+            dead_socket_seconds=int(config.get("PG_DEAD_SOCKET_SECONDS") or 15),
         )
     from mealquest.db.sqlite.store import SqliteStore
 

@@ -4,6 +4,7 @@ and claims made at once by several processes that never wait on each other."""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -370,3 +371,36 @@ def test_a_connection_found_read_only_is_replaced_and_writes_go_on(make_store, p
         except StoreUnavailable:
             continue
     assert len(done) == 1
+
+
+# -- several hosts, dead sockets --------------------------------------------------------------
+
+
+def test_a_url_of_several_hosts_is_described_by_its_hosts_never_its_password():
+    store = PostgresStore(
+        "postgresql://mealquest:s3cret@db1.internal:5433,db2.internal/mealquest"
+        "?target_session_attrs=read-write"
+    )
+    assert store.describe() == "postgresql://db1.internal:5433,db2.internal:5432/mealquest"
+    single = PostgresStore("postgresql://mealquest:s3cret@db.internal/mealquest")
+    assert single.describe() == "postgresql://db.internal:5432/mealquest"
+
+
+def test_a_connections_socket_finds_a_vanished_server_within_the_dead_socket_seconds(pg_url):
+    import socket
+
+    store = PostgresStore(pg_url, dead_socket_seconds=9)
+    try:
+        with psycopg.connect(pg_url, **store.connect_kwargs()) as conn:
+            sock = socket.socket(fileno=os.dup(conn.fileno()))
+            try:
+                idle = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+                interval = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+                count = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+                assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+                assert idle + interval * count <= 9
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 9000
+            finally:
+                sock.close()
+    finally:
+        store.close()

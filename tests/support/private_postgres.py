@@ -14,15 +14,24 @@ from tests.support.processes import REPO
 class PrivateServer:
     SCRIPT = REPO / "scripts" / "postgres"
 
-    def __init__(self) -> None:
+    def __init__(self, standby_of: PrivateServer | None = None) -> None:
         # Directly under the temp folder: the server's own user must reach it.
         self.directory = tempfile.mkdtemp(prefix="mq-pg-")
-        self.url = self.run("start")
+        if standby_of is None:
+            self.url = self.run("start")
+        else:
+            # A streaming standby of that server (pg_basebackup -R), started.
+            self.url = self.run("standby", standby_of.directory)
 
-    def run(self, command: str) -> str:
-        """`scripts/postgres COMMAND DIR`; its output (the URL, for `start`)."""
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
+
+    def run(self, command: str, *arguments: str) -> str:
+        """`scripts/postgres COMMAND DIR [ARGUMENT]`; its output (the URL, for
+        `start` and `standby`)."""
         done = subprocess.run(
-            [str(self.SCRIPT), command, self.directory],
+            [str(self.SCRIPT), command, self.directory, *arguments],
             capture_output=True,
             text=True,
             timeout=180,

@@ -118,6 +118,30 @@ def is_postgres_url(url: str) -> bool:
     return urlsplit(url).scheme in SCHEMES
 
 
+def dead_socket_options(seconds: int) -> dict[str, int]:
+    """libpq's TCP options under which a server that vanished without closing
+    the connection is found dead within `seconds`: keepalive probes after a
+    third of it idle, then probes enough to fill the rest (an idle connection
+    and one waiting for an answer), and `tcp_user_timeout` for data sent and
+    never acknowledged (a connection in the middle of sending)."""
+    idle = max(1, seconds // 3)
+    interval = max(1, (seconds - idle) // 5)
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": interval,
+        "keepalives_count": max(1, (seconds - idle) // interval),
+        "tcp_user_timeout": seconds * 1000,
+    }
+
+
+def _with_port(host: str) -> str:
+    """`host` or `host:port` (a bracketed IPv6 address too) with its port said."""
+    if host.endswith("]") or ":" not in host.rpartition("]")[2]:
+        return f"{host or 'localhost'}:5432"
+    return host
+
+
 class PostgresStore:
     """One process's access to a PostgreSQL database: a lazily opened pool."""
 
@@ -130,6 +154,7 @@ class PostgresStore:
         listen: bool = True,
         pooler: str = "none",
         runner_pool_size: int | None = None,
+        dead_socket_seconds: int = 15,
     ) -> None:
         if not is_postgres_url(url):
             raise StoreError("not a postgresql:// URL")
@@ -137,6 +162,8 @@ class PostgresStore:
             raise ValueError("pool_size must be at least 1")
         if busy_timeout_seconds <= 0:
             raise ValueError("busy_timeout_seconds must be positive")
+        if dead_socket_seconds < 3:
+            raise ValueError("dead_socket_seconds must be at least 3")
         if pooler not in POOLERS:
             raise ValueError(f"pooler must be one of {', '.join(POOLERS)}")
         if pooler == "transaction" and listen:
@@ -148,6 +175,7 @@ class PostgresStore:
         self.runner_pool_size = int(runner_pool_size or pool_size)
         self.listen = listen
         self.pooler = pooler
+        self.dead_socket_seconds = int(dead_socket_seconds)
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
         # Each transaction's first statement; with a transaction pooler it also
         # makes the settings, for that transaction only (one round trip: the
@@ -191,9 +219,12 @@ class PostgresStore:
     history: HistoryStatements = history
 
     def describe(self) -> str:
-        """The database as messages name it: host, port and name, never the password."""
+        """The database as messages name it: each host with its port, and the
+        name; never the password. A URL may name several hosts (a primary and
+        its standbys, `host1:port1,host2:port2`), which urllib cannot parse."""
         parts = urlsplit(self.url)
-        return f"postgresql://{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+        hosts = parts.netloc.rpartition("@")[2] or "localhost"
+        return f"postgresql://{','.join(map(_with_port, hosts.split(',')))}{parts.path}"
 
     def exists(self) -> bool:
         """A server's database is there to ask; whether it answers is another matter."""
@@ -232,7 +263,6 @@ class PostgresStore:
         the listener's): the deadline's connect timeout and TCP keepalives."""
         from psycopg.rows import dict_row
 
-        busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
         never_prepare = {"prepare_threshold": None} if self.pooler == "transaction" else {}
         return {
             **never_prepare,
@@ -240,12 +270,9 @@ class PostgresStore:
             "row_factory": dict_row,
             # libpq counts whole seconds and waits at least 2.
             "connect_timeout": max(2, math.ceil(self.busy_timeout_seconds)),
-            # A peer that vanished (host down, network cut) is noticed by TCP.
-            "keepalives": 1,
-            "keepalives_idle": 5,
-            "keepalives_interval": 2,
-            "keepalives_count": 3,
-            "tcp_user_timeout": max(busy_ms, 1000),
+            # A peer that vanished (host down, network cut, a failover) is
+            # noticed by TCP: no statement or LISTEN waits on it for longer.
+            **dead_socket_options(self.dead_socket_seconds),
             "application_name": "mealquest",
         }
 
@@ -475,6 +502,7 @@ class PostgresStore:
                 pool_size=self.runner_pool_size,
                 listen=self.listen,
                 pooler=self.pooler,
+                dead_socket_seconds=self.dead_socket_seconds,
             )
         return self._runner
 

@@ -42,6 +42,10 @@ _PUT_BACK_RETRY_FIRST_SECONDS = 0.1
 _PUT_BACK_RETRY_MAX_SECONDS = 5.0
 
 
+# How often an idle producer looks again while the database does not answer.
+_UNAVAILABLE_PAUSE_SECONDS = 0.5
+
+
 class Producer:
     def __init__(
         self,
@@ -186,36 +190,58 @@ class Producer:
             logger.exception("could not put back jobs claimed while stopping; leases will expire")
 
     def _wait_for_work(self) -> None:
-        """Idle until woken, another process commits something due, or the poll interval."""
+        """Idle until woken, another process commits something due, or the poll interval.
+
+        While the database does not answer, it looks again every
+        `_UNAVAILABLE_PAUSE_SECONDS`, never only at the poll: after a restart
+        or a failover, the change that shows it back (a listener connected
+        again, which may have missed enqueues meanwhile) is then seen at once,
+        whatever the poll interval.
+        """
         deadline = time.monotonic() + self.settings.poll_seconds
         try:
-            version = self.store.data_version()
-            while not self.stopping.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                if self._wake.wait(min(self.settings.change_check_seconds, remaining)):
-                    return
-                current = self.store.data_version()
-                if current == version:
-                    continue
+            self._look_until(deadline)
+        except Exception:
+            logger.exception("checking for new jobs failed; waiting for the poll")
+            self._wake.wait(max(deadline - time.monotonic(), 0))
+
+    def _look_until(self, deadline: float) -> None:
+        version = self._data_version()
+        while not self.stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            pause = self.settings.change_check_seconds
+            if version is None:
+                pause = max(pause, _UNAVAILABLE_PAUSE_SECONDS)
+            if self._wake.wait(min(pause, remaining)):
+                return
+            current = self._data_version()
+            if current is None or current == version:
                 version = current
-                # Something committed (maybe only a heartbeat): claim only if a job is due.
-                # Only kinds with room: a kind at its cap here waits for a slot
-                # of its own, which wakes the producer when it frees.
-                # Nor a paused kind, nor a partition at a limit: another
-                # process's commits would each start a claim that takes nothing.
+                continue
+            version = current
+            # Something committed (maybe only a heartbeat): claim only if a job is due.
+            # Only kinds with room: a kind at its cap here waits for a slot
+            # of its own, which wakes the producer when it frees.
+            # Nor a paused kind, nor a partition at a limit: another
+            # process's commits would each start a claim that takes nothing.
+            try:
                 if self.store.read(
                     self.store.jobs.has_due_job,
                     self.claimable_kinds(),
                     partitions=self.registry.partition_limits(),
                 ):
                     return
+            except StoreUnavailable:
+                version = None  # look again once it answers
+
+    def _data_version(self) -> int | None:
+        """The store's change counter; None while the database does not answer."""
+        try:
+            return self.store.data_version()
         except StoreUnavailable:
-            self._wake.wait(max(deadline - time.monotonic(), 0))
-        except Exception:
-            logger.exception("checking for new jobs failed; waiting for the poll")
-            self._wake.wait(max(deadline - time.monotonic(), 0))
+            return None
 
 
 def _put_back(tx: Transaction, jobs: JobStatements, owner: str) -> int:
