@@ -363,6 +363,15 @@ def register_test_kinds(registry: Registry) -> None:
     )
     registry.register("publish_big", publish_big, payload=StepsSchema, result=BigStepSchema)
     registry.register("append_job_id", append_job_id, payload=LogSchema, result=EmptySchema)
+    # The same, of several attempts: a run cut short by a killed process is
+    # run again (the chaos test's kind).
+    registry.register(
+        "append_job_id_retried",
+        append_job_id,
+        payload=LogSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
     registry.register(
         "flaky",
         flaky,
