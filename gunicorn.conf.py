@@ -13,11 +13,14 @@ Any setting can be overridden with GUNICORN_CMD_ARGS or command-line flags.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import TYPE_CHECKING, Any
 
 from gunicorn.glogging import Logger, SafeAtoms
@@ -115,7 +118,70 @@ class EscapingLogger(Logger):
     atoms_wrapper_class = EscapedAtoms
 
 
-logger_class = EscapingLogger
+def _utc(created: float) -> str:
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+    return f"{whole}.{int(created % 1 * 1000):03d}Z"
+
+
+class _JsonLines(logging.Formatter):
+    """gunicorn's own lines as one JSON object each, with the fields the
+    service's JSON lines have (`mealquest.logs.JsonFormatter`, which this file
+    cannot import: the master imports nothing of ours)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": _utc(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class JsonLogger(Logger):
+    """gunicorn's logger with `MEALQUEST_LOG_FORMAT=json`: its own lines and
+    each access line one JSON object. `json.dumps` escapes every character a
+    client could use to end a field or a line."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(_JsonLines())
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:
+        if not self.access_log_enabled:
+            return
+        atoms = self.atoms(resp, req, environ, request_time)
+        entry = {
+            "time": _utc(time.time()),
+            "level": "INFO",
+            "logger": "gunicorn.access",
+            "message": atoms["r"],
+            "pid": os.getpid(),
+            "remote": atoms["h"],
+            "forwarded_for": atoms.get("{x-forwarded-for}i"),
+            "status": atoms["s"],
+            "bytes": atoms["B"],
+            "duration_ms": atoms["M"],
+            "request_id": atoms.get("{x-request-id}o"),
+            "user_agent": atoms["a"],
+        }
+        try:
+            self.access_log.info("%s", json.dumps(entry, default=str))
+        except Exception:
+            self.exception("could not write an access line")
+
+
+# The same format as the service's own lines (`MEALQUEST_LOG_FORMAT`).
+logger_class = (
+    JsonLogger
+    # Read as the app reads it: JSON text (`json` or `"json"`).
+    if os.environ.get("MEALQUEST_LOG_FORMAT", "text").strip().strip('"').lower() == "json"
+    else EscapingLogger
+)
 # gunicorn's own log lines (and ours) go to stderr.
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOGLEVEL", "info")

@@ -40,7 +40,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     if not app.config["DATABASE"]:
         app.config["DATABASE"] = os.path.join(app.instance_path, "mealquest.sqlite3")
 
-    configure_logging(app.config["LOG_LEVEL"])
+    configure_logging(app.config["LOG_LEVEL"], app.config["LOG_FORMAT"])
+    # First: every other hook's log lines name the request's id.
+    middleware.init_app(app)
     init_store(app)
     jobs_service.init_app(app)
     jobs_live.init_app(app)
@@ -54,7 +56,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api_bp)
     metrics_view.init_app(app)
     admin.init_app(app)
-    middleware.init_app(app)
     http_metrics.init_app(app)
     return app
 

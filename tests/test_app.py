@@ -5,8 +5,10 @@ Each value's checks are in tests/test_config.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from mealquest.config import DEFAULTS
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.health import MAX_AGE_SECONDS, health_check
-from mealquest.logs import ContextFormatter, configure_logging
+from mealquest.logs import ContextFormatter, JsonFormatter, configure_logging
 from tests.support.ticks import Ticks
 
 
@@ -155,3 +157,28 @@ def test_logging_is_configured_once(restore_log_level):
     names = [handler.get_name() for handler in logger.handlers]
     assert names.count("mealquest-stderr") == 1
     assert logger.level == logging.DEBUG
+
+
+def test_a_json_line_has_the_records_fields_and_its_requests_id(app):
+    record = logging.LogRecord("mealquest.jobs", logging.ERROR, __file__, 1, "job %s", ("x",), None)
+    record.job_id = "abc"
+    record.kind = "succeed"
+    record.attempt = 2
+    try:
+        raise RuntimeError("boom\nsecond line")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    with app.test_request_context(headers={"X-Request-ID": "req-1"}):
+        app.preprocess_request()
+        line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["message"] == "job x"
+    assert (entry["level"], entry["logger"]) == ("ERROR", "mealquest.jobs")
+    assert entry["pid"] == os.getpid()
+    assert (entry["job_id"], entry["kind"], entry["attempt"]) == ("abc", "succeed", 2)
+    assert entry["request_id"] == "req-1"
+    assert "RuntimeError: boom" in entry["exception"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
+    outside = json.loads(JsonFormatter().format(record))
+    assert "request_id" not in outside

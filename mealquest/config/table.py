@@ -284,6 +284,15 @@ SETTINGS: tuple[Setting, ...] = (
         "level of the service's own log lines (stderr)",
     ),
     Setting(
+        "LOG_FORMAT",
+        "text",
+        rules.lower_one_of("text", "json"),
+        "`text`: one readable line per record; `json`: one JSON object per line (`time`, "
+        "`level`, `logger`, `message`, `pid`, and `job_id`, `kind`, `attempt`, `request_id` "
+        "where known), for the service's lines and gunicorn's (its access log too). See "
+        "[Monitoring](../operations/monitoring.md#json-logs)",
+    ),
+    Setting(
         "JOB_CRON_CATCHUP_SECONDS",
         3600.0,
         rules.positive,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from flask import Flask, Response, request
+from flask import Flask, Response, g, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -24,12 +24,20 @@ def init_app(app: Flask) -> None:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
         )
+    app.before_request(_take_request_id)
     app.after_request(_set_request_id)
 
 
-def _set_request_id(response: Response) -> Response:
+def _take_request_id() -> None:
+    """The request's id, known from its start: log lines made while it is
+    served name it (`mealquest.logs`)."""
     forwarded = request.headers.get(REQUEST_ID_HEADER, "")
-    response.headers[REQUEST_ID_HEADER] = (
-        forwarded if _REQUEST_ID.match(forwarded) else uuid.uuid4().hex
-    )
+    g.request_id = forwarded if _REQUEST_ID.match(forwarded) else uuid.uuid4().hex
+
+
+def _set_request_id(response: Response) -> Response:
+    # A request answered before the hooks ran (a routing error) still gets one.
+    if "request_id" not in g:
+        _take_request_id()
+    response.headers[REQUEST_ID_HEADER] = g.request_id
     return response
