@@ -190,6 +190,10 @@ def job(job_id: str) -> ResponseReturnValue:
         payload=_pretty(mask(_decoded(found.payload))),
         result=_pretty(mask(found.result)) if found.result is not None else None,
         error=mask(found.error) if found.error else None,
+        log=[
+            (line.attempt, line.logged_at, line.level, mask(line.message))
+            for line in get_jobs().log_lines(found.id)
+        ],
         waiting=why_waiting(get_store(), get_jobs().registry, found),
         retryable=found.status in ("failed", "cancelled"),
         cancellable=found.status in (Status.QUEUED, Status.RUNNING),

@@ -30,6 +30,7 @@ from mealquest.model.jobs import (
     HeldLease,
     Job,
     Lease,
+    LogLine,
     NewJob,
     PartitionLimits,
     PartitionState,
@@ -137,6 +138,14 @@ class JobStatements(Protocol):
 
     def owns(self, tx: Transaction, lease: Lease, /) -> bool:
         """Whether the lease is still held."""
+        ...
+
+    def add_log_lines(self, tx: Transaction, job_id: str, lines: Sequence[LogLine], /) -> None:
+        """Keep lines a job's handler logged (its attempt's, numbered by it)."""
+        ...
+
+    def log_lines(self, conn: Reads, job_id: str, /) -> list[LogLine]:
+        """A job's kept log lines, attempt by attempt, in the order logged."""
         ...
 
     def transition(self, tx: Transaction, change: Transition, /) -> bool:

@@ -54,14 +54,18 @@ def jobs_list(status: str | None, kind: str | None, household_id: int | None, li
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
     """Every column of one job, as JSON, with the secrets URLs may carry masked."""
-    job = get_jobs().get(job_id)
+    jobs = get_jobs()
+    job = jobs.get(job_id)
     if job is None:
         raise click.ClickException(f"no job {job_id}")
-    _echo_job(job)
+    _echo_job(job, log=[line.__dict__ for line in jobs.log_lines(job_id)])
 
 
-def _echo_job(job: Job) -> None:
+def _echo_job(job: Job, *, log: list[dict[str, Any]] | None = None) -> None:
+    """The job as JSON, masked; with `log`, the lines its handler logged."""
     row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
+    if log is not None:
+        row["log"] = log
     click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
 
 

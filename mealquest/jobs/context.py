@@ -13,6 +13,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import LeaseLost, ResultTooLarge
+from mealquest.jobs.job_log import JobLog
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_RESULT_BYTES, Job, Lease, NewJob
 
 T = TypeVar("T")
@@ -47,6 +48,8 @@ class JobContext:
         self.max_attempts = job.max_attempts
         # How many times the job was snoozed before this run (`Snooze`).
         self.snoozes = job.snoozes
+        # The handler's own log lines, kept with this attempt (see `JobLog`).
+        self.log = JobLog(job.attempt)
         # The database: handlers write their domain rows through its SQL
         # (`ctx.store.recipes`, ...) inside `ctx.write`.
         self.store = store

@@ -29,7 +29,7 @@ from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.model.households import Household
-from mealquest.model.jobs import DEFAULT_PRIORITY, Job, NewJob, Status
+from mealquest.model.jobs import DEFAULT_PRIORITY, Job, LogLine, NewJob, Status
 
 logger = logging.getLogger(__name__)
 
@@ -298,6 +298,11 @@ class JobService:
 
     def get(self, job_id: str, *, household_id: int | None = None) -> Job | None:
         return self.store.read(self.store.jobs.get_job, job_id, household_id)
+
+    def log_lines(self, job_id: str) -> list[LogLine]:
+        """The lines the job's handler logged (`ctx.log`), attempt by attempt:
+        for operators only, never in a household's answer."""
+        return self.store.read(self.store.jobs.log_lines, job_id)
 
     def get_with_token(self, job_id: str, token_sha256: str) -> tuple[Household, Job | None] | None:
         """The household of a live token (by digest) with its job of that id, in

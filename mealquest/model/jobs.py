@@ -119,6 +119,17 @@ class Attempt(enum.Enum):
 
 
 @dataclass(frozen=True)
+class LogLine:
+    """One line a job's handler logged (`ctx.log`), kept with its attempt."""
+
+    attempt: int
+    line: int
+    level: str
+    message: str
+    logged_at: str
+
+
+@dataclass(frozen=True)
 class Recovered:
     """Jobs taken back from a worker that no longer runs them."""
 

@@ -58,6 +58,23 @@ class LogSchema(Schema):
     seconds = fields.Float(load_default=0.0)
 
 
+class TalkSchema(Schema):
+    lines = fields.Integer(required=True)
+    text = fields.String(load_default="")
+    fail_first = fields.Boolean(load_default=False)
+
+
+def talk(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Logs `lines` lines through `ctx.log` (the first with `text`), and fails
+    its first attempt when asked to."""
+    ctx.log.info("attempt %d says: %s", ctx.attempt, payload["text"])
+    for number in range(2, payload["lines"] + 1):
+        ctx.log.warning("line %d", number)
+    if payload["fail_first"] and ctx.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return {}
+
+
 class FlakySchema(Schema):
     fail_times = fields.Integer(required=True, strict=True)
 
@@ -363,6 +380,13 @@ def register_test_kinds(registry: Registry) -> None:
     )
     registry.register("publish_big", publish_big, payload=StepsSchema, result=BigStepSchema)
     registry.register("append_job_id", append_job_id, payload=LogSchema, result=EmptySchema)
+    registry.register(
+        "talk",
+        talk,
+        payload=TalkSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=2, backoff=FAST_RETRY),
+    )
     # The same, of several attempts: a run cut short by a killed process is
     # run again (the chaos test's kind).
     registry.register(

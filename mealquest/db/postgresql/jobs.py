@@ -40,6 +40,7 @@ from mealquest.model.jobs import (
     HeldLease,
     Job,
     Lease,
+    LogLine,
     NewJob,
     PartitionLimits,
     Recovered,
@@ -574,6 +575,31 @@ def owns(tx: Transaction, lease: Lease) -> bool:
         f"SELECT 1 FROM jobs WHERE {_FENCE} FOR NO KEY UPDATE", _fence(lease)
     ).fetchone()
     return row is not None
+
+
+def add_log_lines(tx: Transaction, job_id: str, lines: Sequence[LogLine]) -> None:
+    tx.execute(
+        "INSERT INTO job_logs (job_id, attempt, line, level, message, logged_at) "
+        "SELECT %s, * FROM unnest(%s::int[], %s::int[], %s::text[], %s::text[], "
+        "%s::timestamptz[])",
+        (
+            job_id,
+            [x.attempt for x in lines],
+            [x.line for x in lines],
+            [x.level for x in lines],
+            [x.message for x in lines],
+            [x.logged_at for x in lines],
+        ),
+    )
+
+
+def log_lines(conn: Reads, job_id: str) -> list[LogLine]:
+    rows = conn.execute(
+        "SELECT attempt, line, level, message, logged_at FROM job_logs "
+        "WHERE job_id = %s ORDER BY attempt, line",
+        (job_id,),
+    ).fetchall()
+    return [LogLine(**{**row, "logged_at": to_text(row["logged_at"])}) for row in rows]
 
 
 # Every way a running job leaves `running` through its own worker: the target

@@ -36,6 +36,7 @@ from mealquest.model.jobs import (
     HeldLease,
     Job,
     Lease,
+    LogLine,
     NewJob,
     PartitionLimits,
     Recovered,
@@ -484,6 +485,30 @@ def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
 def owns(tx: Transaction, lease: Lease) -> bool:
     row = tx.execute(f"SELECT 1 FROM jobs WHERE {_FENCE}", _fence(lease)).fetchone()
     return row is not None
+
+
+def add_log_lines(tx: Transaction, job_id: str, lines: Sequence[LogLine]) -> None:
+    if not lines:
+        return
+    # One statement: at most an attempt's 100 lines, 600 parameters.
+    tx.execute(
+        "INSERT INTO job_logs (job_id, attempt, line, level, message, logged_at) VALUES "
+        + ", ".join(["(?, ?, ?, ?, ?, ?)"] * len(lines)),
+        [
+            value
+            for x in lines
+            for value in (job_id, x.attempt, x.line, x.level, x.message, x.logged_at)
+        ],
+    )
+
+
+def log_lines(conn: Reads, job_id: str) -> list[LogLine]:
+    rows = conn.execute(
+        "SELECT attempt, line, level, message, logged_at FROM job_logs "
+        "WHERE job_id = ? ORDER BY attempt, line",
+        (job_id,),
+    ).fetchall()
+    return [LogLine(**dict(row)) for row in rows]
 
 
 # Every way a running job leaves `running` through its own worker: the target

@@ -206,6 +206,23 @@ class Executor:
         elif outcome.to is Status.QUEUED:
             logger.warning("job re-queued, its attempt not spent", extra=extra)
 
+    def _keep_log(self, entry: Running) -> None:
+        """Store the lines the handler logged (`ctx.log`) with its attempt,
+        fenced on its lease: a handler whose job was taken back keeps none.
+        Never fails the attempt: the lines are for operators."""
+        context = entry.context
+        lines = context.log.kept() if context is not None else []
+        if context is None or not lines:
+            return
+        try:
+            context.write(self.store.jobs.add_log_lines, entry.job.id, lines)
+        except LeaseLost:
+            logger.warning("job lost its lease; its log lines are not kept", extra=entry.extra)
+        except Exception as error:
+            logger.warning(
+                "could not keep the job's log lines (%s)", type(error).__name__, extra=entry.extra
+            )
+
     def _earlier_attempts_ended(self, entry: Running) -> bool:
         """Whether no earlier claim of the same job still runs a handler here.
 
@@ -282,6 +299,7 @@ class Executor:
             ended = error
         finally:
             timer.close()
+            self._keep_log(entry)
         if context.result_too_large:
             # However the handler went on: it published what no job may store.
             logger.error("handler published a partial result past the bound", extra=extra)
