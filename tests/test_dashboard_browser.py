@@ -313,6 +313,20 @@ def test_a_jobs_stream_needs_a_signed_in_operator(site, browser, jobs):
         assert answer.headers["Location"].endswith("/admin/sign-in")
 
 
+# Late (before signing out): its job would change the counts the pages above show.
+def test_a_jobs_page_shows_the_lines_its_handler_logged_masked(site, browser, jobs):
+    talked = site.enqueue(
+        "talk", {"lines": 2, "text": f"fetched https://recipes.example/soup?token={SECRET}"}
+    )
+    wait_until(lambda: final_jobs(site.store, [talked]), 60, "the job did not end")
+    browser.get(f"{site.url}/admin/jobs/{talked}")
+    wait(browser, lambda: text_of(browser, "log"), "the job's log did not show")
+    log = text_of(browser, "log")
+    assert "attempt 1 says: fetched https://recipes.example/soup?token=***" in log
+    assert "line 2" in log
+    assert SECRET not in browser.page_source
+
+
 def test_sign_out(site, browser, jobs, tmp_path):
     browser.get(f"{site.url}/admin/")
     browser.find_element(By.ID, "sign-out").click()
