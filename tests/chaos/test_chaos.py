@@ -98,6 +98,8 @@ class Tally:
     bad: list[str] = field(default_factory=list)
     killed_pids: set[int] = field(default_factory=set)
     faults: collections.Counter[str] = field(default_factory=collections.Counter)
+    # The longest time, per fault, from its start until ten more jobs had run.
+    recovery: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -205,10 +207,15 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
         with contextlib.suppress(Exception):
             process.wait(10)
 
-    def settle() -> None:
-        """Let jobs flow between faults: a few more answered and run."""
+    def settle(fault: str | None = None, since: float = 0.0) -> None:
+        """Let jobs flow between faults: ten more run. With `fault`, count it and
+        how long jobs took to flow again since it began (`since`)."""
         before = len(runs(ledger))
         wait_until(lambda: len(runs(ledger)) >= before + 10, DEADLINE, "jobs stopped running")
+        if fault is not None:
+            tally.faults[fault] += 1
+            took = time.monotonic() - since
+            tally.recovery[fault] = max(tally.recovery.get(fault, 0.0), took)
 
     try:
         tokens = [create_household(store, f"Household {n}").token for n in range(HOUSEHOLDS)]
@@ -228,26 +235,27 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
 
         for _ in range(ROUNDS):
             # A web worker, killed mid-write (its master starts another).
+            began = time.monotonic()
             victim = holder["web"].worker_pids()[0]
             tally.killed_pids.add(victim)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
-            tally.faults["a web worker killed"] += 1
-            settle()
+            settle("a web worker killed", began)
 
             # The jobs-only process, killed and started again.
+            began = time.monotonic()
             kill(worker["process"])
             worker["process"] = start_worker()
-            tally.faults["flask jobs work killed"] += 1
-            settle()
+            settle("flask jobs work killed", began)
 
             # The whole gunicorn, master and workers, killed and started again.
+            began = time.monotonic()
             kill(holder["web"], group=True)
             holder["web"] = start_web()
-            tally.faults["the whole gunicorn killed"] += 1
-            settle()
+            settle("the whole gunicorn killed", began)
 
             if server is not None:
+                began = time.monotonic()
                 with contextlib.suppress(Exception):
                     store.write(
                         lambda tx: tx.execute(
@@ -255,15 +263,14 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
                             "WHERE application_name = 'mealquest' AND pid <> pg_backend_pid()"
                         )
                     )
-                tally.faults["the service's backends terminated"] += 1
-                settle()
+                settle("the service's backends terminated", began)
+                began = time.monotonic()
                 server.run("restart")
-                tally.faults["PostgreSQL restarted fast"] += 1
-                settle()
+                settle("PostgreSQL restarted fast", began)
+                began = time.monotonic()
                 server.run("crash")
                 server.run("start")
-                tally.faults["PostgreSQL restarted immediate"] += 1
-                settle()
+                settle("PostgreSQL restarted immediate", began)
 
         stop.set()
         for client in clients:
@@ -295,6 +302,9 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
         table = {
             "database": "postgresql" if server is not None else "sqlite",
             "faults": dict(tally.faults),
+            "longest recovery (s)": {
+                fault: round(took, 1) for fault, took in tally.recovery.items()
+            },
             "jobs answered": len(answered),
             "lost": len(lost),
             "run twice, lease lost with a killed process": len(killed),

@@ -87,9 +87,11 @@ class Producer:
             try:
                 jobs = self.claim(free)
             except StoreUnavailable:
-                logger.warning("database unavailable; claiming again after the poll interval")
-                # Sooner if woken (an enqueue here, or a lost claim put back).
-                self._wake.wait(self.settings.poll_seconds)
+                logger.warning("database unavailable; claiming again once a job is due")
+                # Not a whole poll: once the database answers again, a due job
+                # (or another process's enqueue heard) is claimed at once, so a
+                # dropped connection stalls no start for longer than that.
+                self._wait_for_work()
                 continue
             except Exception:
                 logger.exception("claiming jobs failed; trying again after the poll interval")
