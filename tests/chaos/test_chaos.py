@@ -8,7 +8,8 @@ lose). Meanwhile faults come in turn: a web worker killed (`kill -9`), the
 `flask jobs work` process killed and started again, the whole gunicorn killed
 and started again, and on PostgreSQL the service's backends terminated
 (`pg_terminate_backend`) and the server restarted `fast` and `immediate`
-(a private server of the test's own).
+(a private server of the test's own), and through PgBouncer in transaction
+mode, PgBouncer killed (`kill -9`) and started again too.
 
 Then every job whose enqueue was answered (`202`, or `200` for a repeat of
 its `Idempotency-Key`) must end `succeeded` exactly once: lost 0; run twice 0,
@@ -28,6 +29,7 @@ import http.client as http_client
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -43,8 +45,9 @@ from mealquest.db.errors import StoreError
 from mealquest.db.postgresql import migrate as pg_migrate
 from mealquest.db.sqlite import migrate as sqlite_migrate
 from mealquest.households import create_household
-from tests.support.postgres import require_postgres_url
+from tests.support.postgres import require_pgbouncer_url, require_postgres_url
 from tests.support.private_postgres import PrivateServer
+from tests.support.processes import REPO
 from tests.support.servers import (
     BIN,
     FINAL,
@@ -68,24 +71,57 @@ DEADLINE = 120.0
 pytestmark = pytest.mark.timeout(300 + 240 * ROUNDS)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def chaos_database(request, tmp_path: Path) -> Iterator[tuple[dict[str, Any], Any]]:
-    """The database, and the PostgreSQL server (None on SQLite) the test may restart."""
+@dataclass(frozen=True)
+class Served:
+    """The database as the service is configured for it, and what the test may
+    crash: the PostgreSQL server, and the PgBouncer in front of it."""
+
+    database: dict[str, Any]
+    server: PrivateServer | None = None
+    bouncer: str | None = None  # its directory, for `scripts/pgbouncer`
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
+def chaos_database(request, tmp_path: Path) -> Iterator[Served]:
     if request.param == "sqlite":
         path = str(tmp_path / "mealquest.sqlite3")
         sqlite_migrate.upgrade(path)
-        yield {"DATABASE": path}, None
+        yield Served({"DATABASE": path})
         return
     require_postgres_url()
+    if request.param == "pgbouncer":
+        require_pgbouncer_url()
     server = PrivateServer()
+    bouncer = None
     try:
         # A commit must survive the server's crash (`immediate`), as it would
         # in production: the test server's default is to answer before WAL.
         server.run("durable")
         pg_migrate.upgrade(server.url)
-        yield {"DATABASE_URL": server.url, "DB_BUSY_TIMEOUT_SECONDS": 2}, server
+        database = {"DATABASE_URL": server.url, "DB_BUSY_TIMEOUT_SECONDS": 2}
+        if request.param == "pgbouncer":
+            # Inside the server's directory, which its own user may write.
+            bouncer = os.path.join(server.directory, "pgbouncer")
+            url = run_script("pgbouncer", "start", bouncer, server.url)
+            database = {**database, "DATABASE_URL": url, "PG_POOLER": "transaction"}
+        yield Served(database, server, bouncer)
     finally:
+        if bouncer is not None:
+            with contextlib.suppress(AssertionError):
+                run_script("pgbouncer", "stop", bouncer)
         server.remove()
+
+
+def run_script(name: str, *arguments: str) -> str:
+    done = subprocess.run(
+        [str(REPO / "scripts" / name), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 @dataclass
@@ -172,7 +208,8 @@ def runs(ledger: Path) -> dict[str, list[int]]:
 
 
 def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_path):
-    database, server = chaos_database
+    served = chaos_database
+    database, server = served.database, served.server
     store = open_test_store(database)
     env = serving_env(database)
     processes: list[Process] = []
@@ -260,7 +297,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
                     store.write(
                         lambda tx: tx.execute(
                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE application_name = 'mealquest' AND pid <> pg_backend_pid()"
+                            "WHERE usename = current_user AND pid <> pg_backend_pid()"
                         )
                     )
                 settle("the service's backends terminated", began)
@@ -271,6 +308,10 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
                 server.run("crash")
                 server.run("start")
                 settle("PostgreSQL restarted immediate", began)
+            if served.bouncer is not None:
+                began = time.monotonic()
+                run_script("pgbouncer", "crash", served.bouncer)
+                settle("PgBouncer killed and started again", began)
 
         stop.set()
         for client in clients:
@@ -300,7 +341,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
         killed = {job for job, pids in twice.items() if set(pids[:-1]) <= tally.killed_pids}
         unexplained = {job: pids for job, pids in twice.items() if job not in killed | fenced}
         table = {
-            "database": "postgresql" if server is not None else "sqlite",
+            "database": "pgbouncer" if served.bouncer else "postgresql" if server else "sqlite",
             "faults": dict(tally.faults),
             "longest recovery (s)": {
                 fault: round(took, 1) for fault, took in tally.recovery.items()
