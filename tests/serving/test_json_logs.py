@@ -31,10 +31,12 @@ def records(log: str) -> list[dict]:
 def test_every_line_is_one_json_object_under_load(served, start_gunicorn):
     server = start_gunicorn(workers=2, config={"LOG_FORMAT": "json"})
 
+    enqueued: list[str] = []
+
     def load() -> None:
         for _ in range(25):
             http("GET", f"{server.url}/healthz")
-            enqueue(server.url, served.token, "succeed", {"value": 1})
+            enqueued.append(enqueue(server.url, served.token, "succeed", {"value": 1}))
 
     clients = [threading.Thread(target=load) for _ in range(4)]
     for client in clients:
@@ -54,7 +56,15 @@ def test_every_line_is_one_json_object_under_load(served, start_gunicorn):
     secret_job = enqueue(server.url, served.token, "raise_secret_error", {"secret": SECRET})
     for client in clients:
         client.join(120)
-    wait_until(lambda: final_jobs(served.store, [secret_job]), 60, "the job did not end")
+    wait_until(
+        lambda: final_jobs(served.store, [*enqueued, secret_job]), 60, "the jobs did not end"
+    )
+    # A job's line is written once its outcome is: wait for the last ones too.
+    wait_until(
+        lambda: server.log().count('"message": "job succeeded"') >= 100,
+        60,
+        "a job's success was not logged",
+    )
     wait_until(
         lambda: all(request_id in server.log() for request_id in forged),
         30,
