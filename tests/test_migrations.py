@@ -308,13 +308,16 @@ def test_the_lifecycle_rebuild_keeps_every_job_recipe_and_invariant(tmp_path):
         assert conn.execute("SELECT job_id FROM recipes").fetchone()[0] == "s"
         conn.execute("DELETE FROM jobs WHERE id = 's'")
         assert conn.execute("SELECT job_id FROM recipes").fetchone()[0] is None
-        # A queued job may be cancelled (attempt 0), finished and without an error...
+        # A queued job may be cancelled (attempt 0), finished, and with an
+        # error only to say why (a job it depended on did not succeed)...
         conn.execute("UPDATE jobs SET status = 'cancelled', finished_at = ? WHERE id = 'q'", (T1,))
-        # ...but never without finished_at, with an error, or with a cancel request
-        # while queued; and a key needs its digest.
+        conn.execute("UPDATE jobs SET error = 'x' WHERE id = 'q'")
+        conn.execute("UPDATE jobs SET error = NULL WHERE id = 'q'")
+        # ...but never without finished_at, queued with an error, or with a
+        # cancel request while queued; and a key needs its digest.
         for statement in (
             "UPDATE jobs SET finished_at = NULL WHERE id = 'q'",
-            "UPDATE jobs SET error = 'x' WHERE id = 'q'",
+            "UPDATE jobs SET status = 'queued', finished_at = NULL, error = 'x' WHERE id = 'q'",
             "UPDATE jobs SET status = 'bogus' WHERE id = 'q'",
             "UPDATE jobs SET unique_key = 'k' WHERE id = 'f'",
             "UPDATE jobs SET status = 'queued', finished_at = NULL, cancel_requested_at = 'x' "

@@ -112,6 +112,7 @@ def test_documented_shapes_come_from_the_view_schemas(app):
     assert schemas["Queue"]["properties"]["waiting_for"]["enum"] == [
         "paused",
         "no_worker",
+        "dependencies",
         "scheduled",
         "retry",
         "rate_limit",

@@ -23,6 +23,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.model.audit import AuditEntry
+from mealquest.model.batches import Batch, BatchOutcome, NewBatch, Unblocked
 from mealquest.model.history import History
 from mealquest.model.households import Household, HouseholdFigures, HouseholdState
 from mealquest.model.jobs import (
@@ -680,6 +681,49 @@ class StreamStatements(Protocol):
         ...
 
 
+class BatchStatements(Protocol):
+    """Jobs that wait for others (`depends_on`) and batches (`enqueue_batch`)."""
+
+    def missing_jobs(self, tx: Reads, household_id: int, job_ids: Collection[str], /) -> set[str]:
+        """Those of `job_ids` that are no job of the household."""
+        ...
+
+    def insert_dependencies(self, tx: Transaction, jobs: Sequence[NewJob], /) -> None:
+        """Record what each inserted job waits for (its `depends_on`)."""
+        ...
+
+    def insert_batch(self, tx: Transaction, batch: NewBatch, /) -> None: ...
+
+    def get_batch(
+        self, conn: Reads, batch_id: str, household_id: int | None = None, /
+    ) -> Batch | None: ...
+
+    def household_batches(self, conn: Reads, household_id: int, /, *, limit: int) -> list[Batch]:
+        """The household's newest batches, newest first."""
+        ...
+
+    def batch_job_ids(self, conn: Reads, batch_id: str, /) -> list[str]: ...
+
+    def batch_outcome(self, conn: Reads, callback_job_id: str, /) -> BatchOutcome | None:
+        """The members by outcome of the batch whose callback that job is."""
+        ...
+
+    def has_dependencies(self, conn: Reads, /) -> bool: ...
+
+    def delete_empty_batches(self, tx: Transaction, /, *, limit: int) -> int:
+        """Delete batches none of whose jobs (members, callback) is kept; how many."""
+        ...
+
+    def delete_household_batches(self, tx: Transaction, household_id: int, /, *, limit: int) -> int:
+        """Delete the household's batches (an erasure: its jobs go too); how many."""
+        ...
+
+    def resolve_dependencies(self, tx: Transaction, /, *, limit: int = ...) -> Unblocked:
+        """One pass of the unblocker: dependencies on final jobs resolved, the
+        jobs waiting for them made due or cancelled."""
+        ...
+
+
 class Store(Protocol):
     """One process's access to its database, and why each part is there."""
 
@@ -694,6 +738,9 @@ class Store(Protocol):
 
     @property
     def households(self) -> HouseholdStatements: ...
+
+    @property
+    def batches(self) -> BatchStatements: ...
 
     @property
     def recipes(self) -> RecipeStatements: ...

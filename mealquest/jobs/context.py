@@ -14,6 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import LeaseLost, ResultTooLarge
 from mealquest.jobs.job_log import JobLog
+from mealquest.model.batches import BatchOutcome
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_RESULT_BYTES, Job, Lease, NewJob
 
 T = TypeVar("T")
@@ -108,6 +109,11 @@ class JobContext:
         )
         self.follow_ups.append(job)
         return job.job_id
+
+    def batch(self) -> BatchOutcome | None:
+        """When this job is a batch's callback: the batch's members' ids by
+        outcome (every member is final by the time it runs); else None."""
+        return self.store.read(self.store.batches.batch_outcome, self.job_id)
 
     def publish(self, partial: Any) -> None:
         """Store a partial result (typed by the kind's partial schema); GET shows

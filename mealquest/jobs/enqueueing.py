@@ -24,11 +24,13 @@ from marshmallow import ValidationError
 from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
 from mealquest.jobs.registry import Kind, Registry
+from mealquest.model.batches import MAX_BATCH_JOBS
 from mealquest.model.jobs import (
     DEFAULT_PRIORITY,
     MAX_DELAY_SECONDS,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    WAITING_RUN_AT,
     NewJob,
 )
 
@@ -84,6 +86,9 @@ class JobRequest:
     delay: float | None = None
     priority: int = DEFAULT_PRIORITY
     unique_key: str | None = None
+    # Ids of the household's jobs this one waits for: it runs once they all
+    # succeeded, and is cancelled if one fails or is cancelled.
+    depends_on: Sequence[str] = ()
 
 
 def prepare(
@@ -96,10 +101,14 @@ def prepare(
     delay: float | None = None,
     priority: int = DEFAULT_PRIORITY,
     unique_key: str | None = None,
+    depends_on: Sequence[str] = (),
 ) -> NewJob:
     """Validate one job request; raises UnknownKind, or ValidationError naming
-    each bad field (the payload's own fields as the kind's schema names them)."""
-    request = JobRequest(kind_name, payload, household_id, run_at, delay, priority, unique_key)
+    each bad field (the payload's own fields as the kind's schema names them).
+    Whether the jobs of `depends_on` exist is the insert's to check."""
+    request = JobRequest(
+        kind_name, payload, household_id, run_at, delay, priority, unique_key, depends_on
+    )
     kind = _kind(registry, kind_name)
     errors = _option_errors(request)
     if errors:
@@ -177,6 +186,15 @@ def _option_errors(request: JobRequest) -> dict[str, list[str]]:
             check_unique_key(request.unique_key)
         except ValidationError as error:
             errors.update(error.normalized_messages())
+    depends_on = request.depends_on
+    if isinstance(depends_on, str) or not all(isinstance(i, str) for i in depends_on):
+        errors["depends_on"] = ["must be a list of job ids"]
+    elif len(depends_on) > MAX_BATCH_JOBS:
+        errors["depends_on"] = [f"must name at most {MAX_BATCH_JOBS:,} jobs"]
+    elif depends_on and (run_at is not None or delay is not None):
+        errors["depends_on"] = [
+            "a job that waits for others runs when they end: no run_at, no delay"
+        ]
     return errors
 
 
@@ -200,10 +218,11 @@ def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
         max_attempts=kind.options.max_attempts,
         on_interrupt=kind.options.interrupt_policy,
         priority=request.priority,
-        run_at=request.run_at,
+        run_at=WAITING_RUN_AT if request.depends_on else request.run_at,
         delay_seconds=None if request.delay is None else float(request.delay),
         unique_key=request.unique_key,
         partition_key=kind.partition_key(payload),
+        depends_on=tuple(request.depends_on),
     )
 
 

@@ -114,6 +114,8 @@ def prune(
         ),
         batch_size,
     )
+    # A batch goes once nothing of it is kept: its members and its callback.
+    _in_batches(lambda: write(store.batches.delete_empty_batches, limit=batch_size), batch_size)
     rates = _in_batches(
         lambda: write(
             store.flow.delete_stale_rates,
@@ -181,11 +183,18 @@ def delete_household_rows(
 
         return _in_batches(lambda: write(one), batch_size)
 
-    return HouseholdRows(
+    rows = HouseholdRows(
         tokens=batches(store.households.delete_tokens) if tokens else 0,
         jobs=batches(store.jobs.delete_household_jobs) if jobs else 0,
         recipes=batches(store.recipes.delete_household_recipes) if recipes else 0,
     )
+    if jobs:
+        # What is left of its batches: a member still running keeps its job.
+        _in_batches(
+            lambda: write(store.batches.delete_household_batches, household_id, limit=batch_size),
+            batch_size,
+        )
+    return rows
 
 
 def _in_batches(delete_batch: Callable[[], int], batch_size: int) -> int:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import gevent
 from flask import Flask, current_app
+from marshmallow import ValidationError
 
 from mealquest.db import migrations
 from mealquest.db.driver import Store, Transaction
@@ -28,6 +31,7 @@ from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
+from mealquest.model.batches import MAX_BATCH_JOBS, Batch, NewBatch
 from mealquest.model.households import Household
 from mealquest.model.jobs import DEFAULT_PRIORITY, Job, LogLine, NewJob, Status
 
@@ -40,9 +44,18 @@ _REENQUEUE_SECONDS = 10.0
 _REENQUEUE_FIRST_DELAY_SECONDS = 0.05
 _REENQUEUE_MAX_DELAY_SECONDS = 1.0
 
-__all__ = ["Enqueued", "JobRequest", "JobService", "get_jobs", "init_app"]
+__all__ = ["Batched", "Enqueued", "JobRequest", "JobService", "get_jobs", "init_app"]
 
 JOBS_KEY = "mealquest.jobs"
+
+
+@dataclass(frozen=True)
+class Batched:
+    """What `enqueue_batch` made: the batch, its jobs in order, its callback."""
+
+    batch_id: str
+    job_ids: list[str]
+    callback_job_id: str | None = None
 
 
 class _AtQuota(Exception):
@@ -72,6 +85,7 @@ class JobService:
         priority: int = DEFAULT_PRIORITY,
         unique_key: str | None = None,
         within_quota: bool = True,
+        depends_on: Sequence[str] = (),
     ) -> str:
         """Validate `payload` for the kind and store a queued job; returns its id
         (with `unique_key`, the id of the job the key names, new or not: see
@@ -88,6 +102,12 @@ class JobService:
         (with `tx`, the caller's transaction is then to be rolled back);
         `within_quota=False` is for the service's own jobs, which no household
         posted.
+
+        `depends_on` names jobs of the same household that this one waits for
+        (`queue.waiting_for` "dependencies"): it runs once they have all
+        succeeded, and is cancelled (`a job it depends on did not succeed`)
+        if one fails or is cancelled. A job can only depend on jobs that
+        exist, so there are no cycles; an unknown id is a ValidationError.
         """
         return self.insert(
             kind_name,
@@ -99,6 +119,7 @@ class JobService:
             priority=priority,
             unique_key=unique_key,
             within_quota=within_quota,
+            depends_on=depends_on,
         ).job_id
 
     def insert(
@@ -113,6 +134,7 @@ class JobService:
         priority: int = DEFAULT_PRIORITY,
         unique_key: str | None = None,
         within_quota: bool = True,
+        depends_on: Sequence[str] = (),
     ) -> Enqueued:
         """`enqueue`, saying whether a job was made.
 
@@ -133,8 +155,13 @@ class JobService:
             delay=delay,
             priority=priority,
             unique_key=unique_key,
+            depends_on=depends_on,
         )
-        return self._write([job], tx, within_quota=within_quota)[0]
+        try:
+            return self._write([job], tx, within_quota=within_quota)[0]
+        except ValidationError as error:
+            # One job: its errors are its own, not an item's of a bulk.
+            raise ValidationError(error.normalized_messages().get(0, {})) from None
 
     def enqueue_many(
         self,
@@ -154,20 +181,91 @@ class JobService:
         jobs = enqueueing.prepare_all(self.registry, requests)
         return self._write(jobs, tx, within_quota=within_quota)
 
+    def enqueue_batch(
+        self,
+        requests: Sequence[JobRequest],
+        *,
+        on_complete: JobRequest | None = None,
+        tx: Transaction | None = None,
+        within_quota: bool = True,
+    ) -> Batched:
+        """Enqueue a household's jobs as one batch, in one transaction, all or
+        nothing (as `enqueue_many`), with `on_complete`, its callback: a job
+        that waits for every member to be final, whatever their outcomes, and
+        then runs once (its handler reads `ctx.batch()`: the members' ids by
+        outcome). It is the service's own follow-up, so the quota does not
+        count it. Members take no idempotency key and no `depends_on` (the
+        batch is what they are enqueued as).
+        """
+        if not 1 <= len(requests) <= MAX_BATCH_JOBS:
+            raise ValidationError({"jobs": [f"a batch holds 1 to {MAX_BATCH_JOBS:,} jobs"]})
+        household_id = requests[0].household_id
+        errors: dict[int | str, Any] = {}
+        for index, request in enumerate(requests):
+            if request.household_id != household_id:
+                errors[index] = {"household_id": ["a batch's jobs are one household's"]}
+            elif request.unique_key is not None or request.depends_on:
+                errors[index] = {"unique_key": ["a batch's jobs take no idempotency key"]}
+                if request.depends_on:
+                    errors[index] = {"depends_on": ["a batch's jobs depend on nothing"]}
+        if on_complete is not None and on_complete.household_id != household_id:
+            errors["on_complete"] = {"household_id": ["a batch's jobs are one household's"]}
+        if errors:
+            raise ValidationError(errors)
+        jobs = enqueueing.prepare_all(self.registry, requests)
+        callback = None
+        if on_complete is not None:
+            try:
+                callback = enqueueing.prepare_all(
+                    self.registry,
+                    [dataclasses.replace(on_complete, depends_on=[job.job_id for job in jobs])],
+                )[0]
+            except ValidationError as error:
+                raise ValidationError(
+                    {"on_complete": error.normalized_messages().get(0, {})}
+                ) from None
+            callback = dataclasses.replace(callback, needs_success=False)
+        batch = NewBatch(
+            enqueueing.new_job_id(),
+            household_id,
+            tuple(job.job_id for job in jobs),
+            None if callback is None else callback.job_id,
+        )
+        written = self._write(
+            [*jobs, *([callback] if callback else [])],
+            tx,
+            within_quota=within_quota,
+            batch=batch,
+        )
+        return Batched(
+            batch.batch_id, [e.job_id for e in written[: len(jobs)]], batch.callback_job_id
+        )
+
     def _write(
         self,
         jobs: list[NewJob],
         tx: Transaction | None,
         *,
         within_quota: bool = True,
+        batch: NewBatch | None = None,
     ) -> list[Enqueued]:
-        """Insert the jobs in one transaction, then hold each household that
-        got a new job to its quota in that same transaction: a repeat that an
-        idempotency key answers makes nothing and so is never refused. This
-        process's pool is woken once the jobs are committed."""
+        """Insert the jobs in one transaction (with what they depend on, and
+        their batch), then hold each household that got a new job to its
+        quota in that same transaction: a repeat that an idempotency key
+        answers makes nothing and so is never refused. This process's pool
+        is woken once the jobs are committed."""
 
         def insert(tx: Transaction) -> list[Enqueued]:
             done = enqueueing.insert_all(tx, self.store.jobs, jobs)
+            waiting = [
+                job
+                for job, enqueued in zip(jobs, done, strict=True)
+                if enqueued.created and job.depends_on
+            ]
+            if waiting:
+                self._add_dependencies(tx, jobs, waiting)
+            if batch is not None:
+                self.store.batches.insert_batch(tx, batch)
             if within_quota:
                 grown = {
                     job.household_id
@@ -175,7 +273,9 @@ class JobService:
                     if enqueued.created
                 }
                 for household_id in sorted(grown):  # one lock order for every writer
-                    self._check_quota(tx, household_id)
+                    # A batch's callback is the service's own job.
+                    spared = int(batch is not None and batch.callback_job_id is not None)
+                    self._check_quota(tx, household_id, spared)
             if any(enqueued.created for enqueued in done):
                 tx.after_commit(self._wake_pool)
             return done
@@ -247,13 +347,36 @@ class JobService:
 
         return self.store.write(holders)
 
-    def _check_quota(self, tx: Transaction, household_id: int) -> None:
-        """Refuse (rolling the transaction back) a household past its quota.
+    def _add_dependencies(self, tx: Transaction, jobs: list[NewJob], waiting: list[NewJob]) -> None:
+        """Record what the waiting jobs depend on, once each of those is found
+        to be a job of their household (ValidationError under the item's
+        index otherwise, which rolls the whole enqueue back)."""
+        errors: dict[int, Any] = {}
+        index = {job.job_id: position for position, job in enumerate(jobs)}
+        for job in waiting:
+            missing = self.store.batches.missing_jobs(tx, job.household_id, job.depends_on)
+            if missing:
+                errors[index[job.job_id]] = {
+                    "depends_on": [
+                        f"no job {job_id} in this household" for job_id in sorted(missing)
+                    ]
+                }
+        if errors:
+            raise ValidationError(errors)
+        self.store.batches.insert_dependencies(tx, waiting)
+
+    def batch(self, batch_id: str, *, household_id: int | None = None) -> Batch | None:
+        """The batch (of that household; any household's with None), or None."""
+        return self.store.read(self.store.batches.get_batch, batch_id, household_id)
+
+    def _check_quota(self, tx: Transaction, household_id: int, spared: int = 0) -> None:
+        """Refuse (rolling the transaction back) a household past its quota,
+        not counting `spared` of its jobs (the service's own follow-ups).
 
         Counted after the household's new jobs were inserted, in their
         transaction, once the driver has made the count hold until it
         commits (see `count_pending`)."""
-        allowed = self.max_pending_per_household
+        allowed = self.max_pending_per_household + spared
         pending = self.store.jobs.count_pending(tx, household_id, allowed + 1)
         if pending > allowed:
             raise _AtQuota(household_id)

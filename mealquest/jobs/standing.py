@@ -17,7 +17,7 @@ while the job is queued, null once it runs. How exact each figure is:
   Null while no live process handles its kind, or no job of its kind has
   finished to judge by.
 * `waiting_for`: one reason, the first that holds of `paused`, `no_worker`,
-  `scheduled` / `retry`, `rate_limit`, `kind_cap`, `turn` (see
+  `dependencies`, `scheduled` / `retry`, `rate_limit`, `kind_cap`, `turn` (see
   `waiting_for`).
 
 The figures change as other jobs are claimed, which is no write to this
@@ -39,7 +39,7 @@ from mealquest.clock import from_text, to_text
 from mealquest.db.driver import Store
 from mealquest.jobs import flow
 from mealquest.jobs.registry import Registry
-from mealquest.model.jobs import Job, Status
+from mealquest.model.jobs import WAITING_RUN_AT, Job, Status
 from mealquest.model.processes import ProcessEntry
 from mealquest.model.queue import Standing
 
@@ -53,6 +53,9 @@ RUN_TIME_KEPT_SECONDS = 10.0
 
 Clock = Callable[[], float]
 
+# A job due this late waits for the jobs it depends on.
+_WAITING = to_text(WAITING_RUN_AT)
+
 
 class WaitingFor(enum.StrEnum):
     """Why a queued job is not running yet."""
@@ -61,6 +64,8 @@ class WaitingFor(enum.StrEnum):
     """An operator paused its kind."""
     NO_WORKER = "no_worker"
     """No live process has a handler for its kind."""
+    DEPENDENCIES = "dependencies"
+    """It waits for jobs it depends on (or, a batch's callback, its batch) to end."""
     SCHEDULED = "scheduled"
     """Its `run_at` is ahead (it has not run yet)."""
     RETRY = "retry"
@@ -96,6 +101,8 @@ def waiting_for(job: Job, facts: QueueFacts) -> WaitingFor:
         return WaitingFor.PAUSED
     if job.kind not in facts.live_kinds:
         return WaitingFor.NO_WORKER
+    if job.run_at >= _WAITING:
+        return WaitingFor.DEPENDENCIES
     if job.run_at > facts.standing.now:
         return WaitingFor.RETRY if job.attempt > 0 else WaitingFor.SCHEDULED
     if facts.partition_held:
@@ -172,7 +179,7 @@ class Standings:
                 "ahead_in_household": standing.ahead_in_household,
                 "estimated_start_at": (
                     estimated_start(job, standing, serving, self.run_seconds(job.kind))
-                    if serving and reason is not WaitingFor.PAUSED
+                    if serving and reason not in (WaitingFor.PAUSED, WaitingFor.DEPENDENCIES)
                     else None
                 ),
                 "waiting_for": str(reason),

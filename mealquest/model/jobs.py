@@ -8,7 +8,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -62,10 +62,17 @@ MESSAGE_INTERNAL = "internal error"
 MESSAGE_INTERRUPTED = "interrupted by restart"
 MESSAGE_TIMED_OUT = "timed out"
 MESSAGE_SNOOZED_TOO_OFTEN = "snoozed too often"
+# The error of a job cancelled because a job it depends on failed or was cancelled.
+MESSAGE_DEPENDENCY_FAILED = "a job it depends on did not succeed"
 
 # The longest a job can be put off, by a delay or a snooze (100 years): a due
 # time far past it overflows a date.
 MAX_DELAY_SECONDS = 100 * 365 * 24 * 60 * 60
+# Where a job that waits for the jobs it depends on is due: past any delay
+# (`MAX_DELAY_SECONDS` ends about 7,900 years before), so no claim takes it
+# and no household's head of queue is it while a due job waits. The
+# unblocker makes it due (now) once every job it depends on is final.
+WAITING_RUN_AT = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 def message_no_handler(kind: str) -> str:
@@ -298,6 +305,12 @@ class NewJob:
     delay_seconds: float | None = None
     unique_key: str | None = None
     partition_key: str | None = None
+    # The jobs (of its household) it waits for; it is stored due at
+    # `WAITING_RUN_AT` while it does.
+    depends_on: tuple[str, ...] = ()
+    # Whether it runs only if they all succeed (else it is cancelled), or
+    # once they are final whatever their outcomes (a batch's callback).
+    needs_success: bool = True
 
     @property
     def due_now(self) -> bool:

@@ -170,6 +170,23 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {}
 
 
+class BatchReportSchema(Schema):
+    batch_id = fields.String(required=True)
+    succeeded = fields.List(fields.String(), required=True)
+    failed = fields.List(fields.String(), required=True)
+    cancelled = fields.List(fields.String(), required=True)
+
+
+def batch_report(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """A batch's callback: records each run (as `append_job_id`) and answers
+    what it was given of its batch."""
+    append_job_id(payload, ctx)
+    outcome = ctx.batch()
+    if outcome is None:
+        raise Failure("not a batch's callback")
+    return outcome.as_dict()
+
+
 def _append_line(path: str, line: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -380,6 +397,7 @@ def register_test_kinds(registry: Registry) -> None:
     )
     registry.register("publish_big", publish_big, payload=StepsSchema, result=BigStepSchema)
     registry.register("append_job_id", append_job_id, payload=LogSchema, result=EmptySchema)
+    registry.register("batch_report", batch_report, payload=LogSchema, result=BatchReportSchema)
     registry.register(
         "talk",
         talk,

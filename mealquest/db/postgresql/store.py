@@ -44,6 +44,7 @@ from gevent import monkey
 
 from mealquest.db.driver import (
     AuditStatements,
+    BatchStatements,
     FlowStatements,
     HistoryStatements,
     HouseholdStatements,
@@ -69,6 +70,7 @@ from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import POOLERS
 from mealquest.db.postgresql import (
     audit,
+    batches,
     flow,
     history,
     households,
@@ -205,6 +207,7 @@ class PostgresStore:
     name = "postgresql"
     migrations_dir = migrate.MIGRATIONS_DIR
     jobs: JobStatements = jobs
+    batches: BatchStatements = batches
     households: HouseholdStatements = households
     recipes: RecipeStatements = recipes
     periodic: PeriodicStatements = periodic

@@ -43,6 +43,7 @@ import gevent
 
 from mealquest.db.driver import (
     AuditStatements,
+    BatchStatements,
     FlowStatements,
     HistoryStatements,
     HouseholdStatements,
@@ -68,6 +69,7 @@ from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
     audit,
+    batches,
     flow,
     history,
     households,
@@ -184,6 +186,7 @@ class SqliteStore:
 
     migrations_dir = migrate.MIGRATIONS_DIR
     jobs: JobStatements = jobs
+    batches: BatchStatements = batches
     households: HouseholdStatements = households
     recipes: RecipeStatements = recipes
     periodic: PeriodicStatements = periodic

@@ -100,6 +100,7 @@ class Completer:
         hand_out: HandOut,
         claim_lost: Callable[[str], None],
         wake: Callable[[], None],
+        ended: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.slots = slots
@@ -109,6 +110,8 @@ class Completer:
         self._claim_lost = claim_lost
         # Tells the producer that follow-up jobs were enqueued.
         self._wake = wake
+        # Tells the unblocker that jobs ended (others may wait for them).
+        self._ended = ended
         self._pending: list[_Pending] = []
         self._waiting = Event()
 
@@ -205,6 +208,8 @@ class Completer:
                 for pending, matched in zip(batch, recorded, strict=True)
             ):
                 self._wake()
+            if any(recorded):
+                self._ended()
             # Still reserved: starting may wait for the finishing greenlets to
             # leave their slots, and the producer must not claim these meanwhile.
             if claim is not None:

@@ -10,6 +10,8 @@
 * `heartbeat.Heartbeat` renews leases, `watchdog.Watchdog` acts on handlers
   that will not end, `rescuer.Rescuer` takes back expired leases anywhere,
   `unhandled.UnhandledKinds` reports queued jobs no handler here runs;
+* `unblocker.Unblocker` makes jobs that wait for others due once those
+  ended (or cancels them), nudged by the completer, off its path;
 * `scheduler.Scheduler` enqueues the job of each periodic kind's scheduled
   time, one across all processes (when the pool is given `enqueue`);
 * `registration.Registration` keeps the process's entry in the registry of
@@ -54,6 +56,7 @@ from mealquest.jobs.runner.running import STOPPING, Running
 from mealquest.jobs.runner.scheduler import Enqueue, Scheduler, run_forever
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
+from mealquest.jobs.runner.unblocker import Unblocker
 from mealquest.jobs.runner.unhandled import UnhandledKinds
 from mealquest.jobs.runner.watchdog import Watchdog
 from mealquest.model.jobs import (
@@ -113,6 +116,7 @@ class Pool:
             hand_out=lambda jobs, claimed_at: self.producer.hand_out(jobs, claimed_at),
             claim_lost=lambda owner: self.producer.claim_lost(owner),
             wake=self.wake,
+            ended=lambda: self.unblocker.nudge(),
         )
         self.executor = Executor(store, registry, self.settings, self.slots, self.completer.record)
         self.producer = Producer(
@@ -126,6 +130,7 @@ class Pool:
         )
         self.watchdog = Watchdog(self.settings, self.slots, self.executor.take, self._hung)
         self.unhandled = UnhandledKinds(store, registry)
+        self.unblocker = Unblocker(store, on_due=lambda: self.producer.wake())
         self.registration = Registration(
             store,
             self.owner,
@@ -177,6 +182,7 @@ class Pool:
         for name, run, *args in (
             ("producer", self.producer.run),
             ("completer", self.completer.run),
+            ("unblocker", self.unblocker.run),
             ("heartbeat", every, settings.heartbeat_seconds, self.heartbeat_once),
             ("watchdog", every, settings.watchdog_seconds, self.watch_once),
             ("rescuer", every, settings.rescue_seconds, self.rescue_once),
@@ -198,8 +204,10 @@ class Pool:
         )
 
     def wake(self) -> None:
-        """Tell an idle producer that this process enqueued a job (greenlet code only)."""
+        """Tell an idle producer that this process enqueued a job, and the
+        unblocker, in case it waits for jobs already final (greenlet code only)."""
         self.producer.wake()
+        self.unblocker.nudge()
 
     def cancel(self, job_id: str) -> int:
         """Tell this process's handlers of `job_id` that it was cancelled (the

@@ -1,0 +1,228 @@
+"""Dependencies (`depends_on`) and batches (`enqueue_batch`) through the real
+pool, on both databases: a job waits for the jobs it names and runs once
+they succeeded, or is cancelled when one did not; a batch's callback runs
+exactly once when every member is final, whatever their outcomes; bad
+requests write nothing."""
+
+from __future__ import annotations
+
+import pytest
+from marshmallow import ValidationError
+
+from mealquest.jobs.enqueueing import JobRequest
+from mealquest.jobs.errors import TooManyJobs
+from mealquest.jobs.service import get_jobs
+from mealquest.model.batches import BatchStatus
+from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
+from mealquest.operator_actions import erasure
+from tests.conftest import wait_for
+from tests.support import sql
+
+pytestmark = pytest.mark.both_databases
+
+FINAL = {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}
+
+
+@pytest.fixture
+def app(make_app):
+    app = make_app()
+    get_jobs(app).start_pool()
+    return app
+
+
+def final(jobs, job_id):
+    return wait_for(lambda: (job := jobs.get(job_id)).status in FINAL and job)
+
+
+def count(store, table: str) -> int:
+    return sql.scalar(store, f"SELECT count(*) FROM {table}")
+
+
+def runs(log) -> list[str]:
+    return [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_job_waits_for_what_it_depends_on_then_runs(app, household, gates):
+    jobs = get_jobs(app)
+    first = jobs.enqueue(
+        "wait_for_gate", {"url": gates.url("a")}, household_id=household.household_id
+    )
+    second = jobs.enqueue(
+        "succeed", {"value": 530}, household_id=household.household_id, depends_on=[first]
+    )
+    wait_for(lambda: gates.arrivals("a") == 1)
+    waiting = jobs.get(second)
+    assert waiting.status is Status.QUEUED
+    answer = app.test_client().get(
+        f"/api/v1/jobs/{second}", headers={"Authorization": f"Bearer {household.token}"}
+    )
+    assert answer.get_json()["queue"]["waiting_for"] == "dependencies"
+    assert answer.get_json()["queue"]["estimated_start_at"] is None
+
+    gates.open("a")
+    assert final(jobs, first).status is Status.SUCCEEDED
+    done = final(jobs, second)
+    assert (done.status, done.result) == (Status.SUCCEEDED, {"value": 530})
+    assert done.started_at >= jobs.get(first).finished_at
+
+
+def test_a_failed_dependency_cancels_the_chain_that_waits_for_it(app, household):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    failing = jobs.enqueue("fail_with_failure", {"message": "no"}, household_id=hid)
+    middle = jobs.enqueue("succeed", {"value": 109}, household_id=hid, depends_on=[failing])
+    last = jobs.enqueue("succeed", {"value": 108}, household_id=hid, depends_on=[middle])
+    assert final(jobs, failing).status is Status.FAILED
+    for job_id in (middle, last):
+        job = final(jobs, job_id)
+        assert (job.status, job.error, job.attempt) == (
+            Status.CANCELLED,
+            MESSAGE_DEPENDENCY_FAILED,
+            0,
+        )
+
+
+def test_a_job_that_depends_on_a_job_already_done_runs_at_once(app, household):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    first = jobs.enqueue("succeed", {"value": 49}, household_id=hid)
+    final(jobs, first)
+    second = jobs.enqueue("succeed", {"value": 50}, household_id=hid, depends_on=[first])
+    assert final(jobs, second).status is Status.SUCCEEDED
+
+
+def test_cancelling_a_dependency_cancels_its_dependent(app, household, gates):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    held = jobs.enqueue("wait_for_gate", {"url": gates.url("held")}, household_id=hid)
+    # Queued behind nothing it could start: its own kind waits on the gate too.
+    blocker = jobs.enqueue("succeed", {"value": 120}, household_id=hid, depends_on=[held])
+    dependent = jobs.enqueue("succeed", {"value": 121}, household_id=hid, depends_on=[blocker])
+    jobs.cancel(blocker, hid)
+    job = final(jobs, dependent)
+    assert (job.status, job.error) == (Status.CANCELLED, MESSAGE_DEPENDENCY_FAILED)
+    assert jobs.get(blocker).error is None  # cancelled by its household, not by a dependency
+    gates.open("held")
+    assert final(jobs, held).status is Status.SUCCEEDED
+
+
+def test_unknown_or_foreign_dependencies_write_nothing(app, store, household, other_household):
+    jobs = get_jobs(app)
+    theirs = jobs.enqueue("succeed", {"value": 120}, household_id=other_household.household_id)
+    before = count(store, "jobs")
+    for depends_on in (["0" * 32], [theirs]):
+        with pytest.raises(ValidationError) as raised:
+            jobs.enqueue(
+                "succeed",
+                {"value": 121},
+                household_id=household.household_id,
+                depends_on=depends_on,
+            )
+        assert raised.value.normalized_messages() == {
+            "depends_on": [f"no job {depends_on[0]} in this household"]
+        }
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue(
+            "succeed",
+            {"value": 121},
+            household_id=household.household_id,
+            depends_on=[theirs],
+            delay=5,
+        )
+    assert "depends_on" in raised.value.normalized_messages()
+    assert count(store, "jobs") == before
+    assert count(store, "job_dependencies") == 0
+
+
+def test_a_batch_callback_runs_once_when_every_member_is_final(app, household, gates, tmp_path):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    log = tmp_path / "callback.log"
+    batched = jobs.enqueue_batch(
+        [
+            JobRequest("succeed", {"value": 97}, hid),
+            JobRequest("fail_with_failure", {"message": "bad page"}, hid),
+            JobRequest("wait_for_gate", {"url": gates.url("slow")}, hid),
+            JobRequest("flaky", {"fail_times": 1}, hid),
+        ],
+        on_complete=JobRequest("batch_report", {"log": str(log)}, hid),
+    )
+    ok, bad, slow, flaky = batched.job_ids
+    wait_for(lambda: gates.arrivals("slow") == 1)
+    final(jobs, ok), final(jobs, bad), final(jobs, flaky)
+    batch = jobs.batch(batched.batch_id, household_id=hid)
+    assert batch.status is BatchStatus.RUNNING
+    assert (batch.count(Status.SUCCEEDED), batch.count(Status.FAILED), batch.total) == (2, 1, 4)
+    assert jobs.get(batched.callback_job_id).status is Status.QUEUED
+    jobs.cancel(slow, hid)  # a member cancelled while it runs
+    callback = final(jobs, batched.callback_job_id)
+    assert callback.status is Status.SUCCEEDED
+    assert callback.result == {
+        "batch_id": batched.batch_id,
+        "succeeded": [ok, flaky],
+        "failed": [bad],
+        "cancelled": [slow],
+    }
+    assert jobs.get(flaky).attempt == 2  # a retried member counted once, at its end
+    assert runs(log) == [batched.callback_job_id]
+    finished = jobs.batch(batched.batch_id, household_id=hid)
+    assert finished.status is BatchStatus.FINISHED
+    assert finished.finished_at == callback.finished_at
+    assert jobs.batch(batched.batch_id, household_id=hid + 1000) is None
+
+
+def test_a_batch_is_all_or_nothing(app, store, household, other_household):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    with pytest.raises(ValidationError) as raised:
+        jobs.enqueue_batch(
+            [JobRequest("succeed", {"value": 97}, hid), JobRequest("succeed", {}, hid)],
+            on_complete=JobRequest("batch_report", {"log": "x"}, hid),
+        )
+    assert list(raised.value.normalized_messages()) == [1]
+    with pytest.raises(ValidationError):
+        jobs.enqueue_batch(
+            [JobRequest("succeed", {"value": 97}, other_household.household_id)],
+            on_complete=JobRequest("batch_report", {"log": "x"}, hid),
+        )
+    with pytest.raises(ValidationError):
+        jobs.enqueue_batch([])
+    for table in ("jobs", "batches", "batch_jobs", "job_dependencies"):
+        assert count(store, table) == 0
+
+
+def test_the_quota_counts_members_not_the_callback(make_app, store, household, tmp_path):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=3)
+    jobs = get_jobs(app)
+    hid = household.household_id
+    callback = JobRequest("batch_report", {"log": str(tmp_path / "log")}, hid)
+    members = [JobRequest("succeed", {"value": i}, hid) for i in range(4)]
+    with pytest.raises(TooManyJobs):
+        jobs.enqueue_batch(members, on_complete=callback)
+    assert count(store, "jobs") == 0
+    batched = jobs.enqueue_batch(members[:3], on_complete=callback)
+    assert len(batched.job_ids) == 3
+    assert count(store, "jobs") == 4
+
+
+def test_erasing_the_household_takes_its_batches_and_cancels_nothing_else(
+    app, store, household, other_household, gates, tmp_path
+):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    log = tmp_path / "log"
+    batched = jobs.enqueue_batch(
+        [JobRequest("wait_for_gate", {"url": gates.url("erase")}, hid)],
+        on_complete=JobRequest("batch_report", {"log": str(log)}, hid),
+    )
+    kept = jobs.enqueue_batch(
+        [JobRequest("succeed", {"value": 107}, other_household.household_id)],
+        on_complete=JobRequest("batch_report", {"log": str(log)}, other_household.household_id),
+    )
+    wait_for(lambda: gates.arrivals("erase") == 1)
+    erasure.erase(store, jobs, hid, None, wait_seconds=30)
+    assert jobs.batch(batched.batch_id) is None
+    assert jobs.get(batched.callback_job_id) is None
+    assert final(jobs, kept.callback_job_id).status is Status.SUCCEEDED
+    assert runs(log) == [kept.callback_job_id]
+    assert count(store, "job_dependencies") == 0
