@@ -19,6 +19,7 @@ from mealquest.logs import configure_logging
 from mealquest.metrics import http as http_metrics
 from mealquest.metrics import view as metrics_view
 from mealquest.recipes import kind as recipe_import
+from mealquest.recipes import shopping_list
 from mealquest.serving import middleware
 from mealquest.serving.work import jobs_work
 
@@ -47,6 +48,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     jobs_service.init_app(app)
     jobs_live.init_app(app)
     recipe_import.init_app(app)
+    shopping_list.init_app(app)
     errors.init_app(app)
     json_bodies.init_app(app)
     cli.init_app(app)

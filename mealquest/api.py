@@ -14,6 +14,7 @@ from flask.typing import ResponseReturnValue
 
 from mealquest.auth import require_token
 from mealquest.jobs.api import bp as jobs_bp
+from mealquest.jobs.batch_api import bp as batches_bp
 from mealquest.openapi import bp as openapi_bp
 from mealquest.recipes.api import imports_bp as recipe_imports_bp
 from mealquest.recipes.api import recipes_bp
@@ -40,5 +41,6 @@ def _require_token() -> ResponseReturnValue | None:
 
 bp.register_blueprint(openapi_bp)
 bp.register_blueprint(jobs_bp)
+bp.register_blueprint(batches_bp)
 bp.register_blueprint(recipe_imports_bp)
 bp.register_blueprint(recipes_bp)

@@ -109,6 +109,8 @@ class Operation:
     # What the success answer's body is: JSON of `response`, or a stream of
     # another type (text/event-stream) whose events carry it.
     media_type: str = "application/json"
+    # A stream's event that carries `response` (the last is always `end`).
+    event: str = "job"
     # Whether the operation answers 304 to a conditional request.
     not_modified: bool = False
 
@@ -139,6 +141,7 @@ def operation(
     authenticated: bool = True,
     summary: str | None = None,
     media_type: str = "application/json",
+    event: str = "job",
     not_modified: bool = False,
 ) -> Callable[[F], F]:
     """Declare a view's contract; `build_document` reads it from the view function.
@@ -160,6 +163,7 @@ def operation(
             authenticated=authenticated,
             summary=summary,
             media_type=media_type,
+            event=event,
             not_modified=not_modified,
         )
         return view
@@ -192,12 +196,13 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
                 "schema": {
                     "type": "object",
                     "description": (
-                        f"one event: `job`, whose data is a `{_schema_name(op.response)}`, "
+                        f"one event: `{op.event}`, whose data is a "
+                        f"`{_schema_name(op.response)}`, "
                         "or the last, `end`, whose data is the final `id` and `status`"
                     ),
                     "required": ["event", "id", "data"],
                     "properties": {
-                        "event": {"type": "string", "enum": ["job", "end"]},
+                        "event": {"type": "string", "enum": [op.event, "end"]},
                         "id": {"type": "string", "pattern": "^[0-9]+$"},
                         "data": {"type": "string", "description": "JSON"},
                     },
@@ -224,7 +229,7 @@ def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> d
         }
     if op.not_modified:
         body["responses"]["304"] = {
-            "description": "the job has not changed from the version `If-None-Match` names",
+            "description": "it has not changed from the version `If-None-Match` names",
             **({"headers": op.response_headers} if op.response_headers else {}),
         }
     if description.strip():

@@ -150,6 +150,11 @@ def api_schema(served, app, store, jobs, household, auth):
     # cancel (409, already expected). Both answers are in the document.
     acceptance = schema.config.checks.positive_data_acceptance
     acceptance.expected_statuses = [*acceptance.expected_statuses, "422"]
+    # A body's whole size is bounded (`413`, in the document) where JSON Schema
+    # cannot say so: a hundred URLs each valid may add up to more.
+    acceptance.expected_statuses = [*acceptance.expected_statuses, "413"]
+    rejection = schema.config.checks.negative_data_rejection
+    rejection.expected_statuses = [*rejection.expected_statuses, "413"]
     return schema
 
 

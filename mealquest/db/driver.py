@@ -361,6 +361,12 @@ class RecipeStatements(Protocol):
 
     def get_recipe(self, conn: Reads, recipe_id: str, household_id: int, /) -> Recipe | None: ...
 
+    def recipes_of_jobs(
+        self, conn: Reads, household_id: int, job_ids: Sequence[str], /
+    ) -> list[Recipe]:
+        """The recipes the household's jobs `job_ids` imported, in the jobs' order."""
+        ...
+
     def list_recipes(
         self, conn: Reads, /, *, household_id: int, before_seq: int | None, limit: int
     ) -> list[Recipe]:

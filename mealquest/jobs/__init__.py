@@ -4,13 +4,14 @@
 
 A kind is a handler and the marshmallow schemas of its payload and result,
 registered with the app (`register`) before its pool starts; a route or a
-command stores its jobs (`enqueue`, `enqueue_many` with `JobRequest`s). The
+command stores its jobs (`enqueue`, `enqueue_many` with `JobRequest`s,
+`enqueue_batch` for jobs watched as one, with a job to run once they end). The
 handler reads its job through `JobContext` and ends it with a return value,
 a `Failure` a household may read, or a `Snooze`. The modules below this
 package are the service's own; nothing of theirs is needed to write a kind.
 """
 
-from mealquest.jobs.authoring import enqueue, enqueue_many, register
+from mealquest.jobs.authoring import enqueue, enqueue_batch, enqueue_many, register
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import RegistrationError, TooManyJobs, UnknownKind
@@ -29,6 +30,7 @@ __all__ = [
     "TooManyJobs",
     "UnknownKind",
     "enqueue",
+    "enqueue_batch",
     "enqueue_many",
     "register",
 ]

@@ -18,7 +18,7 @@ from marshmallow import Schema
 from mealquest.db.driver import Transaction
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
 from mealquest.jobs.registry import Handler, Kind, KindOptions
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import Batched, get_jobs
 from mealquest.model.jobs import DEFAULT_PRIORITY
 
 
@@ -59,6 +59,7 @@ def enqueue(
     delay: float | None = None,
     priority: int = DEFAULT_PRIORITY,
     unique_key: str | None = None,
+    depends_on: Sequence[str] = (),
 ) -> str:
     """Store a queued job of `kind` for the household; answers its id.
 
@@ -66,8 +67,9 @@ def enqueue(
     `payload` does not fit the kind (marshmallow's `ValidationError`), the
     kind is unknown (`UnknownKind`) or the household is at its quota
     (`TooManyJobs`). See `JobService.enqueue` for `tx`, `run_at`, `delay`,
-    `priority` and `unique_key`. Inside a handler, use `ctx.enqueue`: its
-    follow-up is written only if the attempt succeeds.
+    `priority`, `unique_key` and `depends_on` (jobs it waits for). Inside
+    a handler, use `ctx.enqueue`: its follow-up is written only if the
+    attempt succeeds.
     """
     return get_jobs().enqueue(
         kind,
@@ -78,6 +80,7 @@ def enqueue(
         delay=delay,
         priority=priority,
         unique_key=unique_key,
+        depends_on=depends_on,
     )
 
 
@@ -87,3 +90,14 @@ def enqueue_many(
     """Store every request's job in one transaction, all or nothing (see
     `JobService.enqueue_many`); answers in the requests' order."""
     return get_jobs().enqueue_many(requests, tx=tx)
+
+
+def enqueue_batch(
+    requests: Sequence[JobRequest],
+    *,
+    on_complete: JobRequest | None = None,
+    tx: Transaction | None = None,
+) -> Batched:
+    """Store a household's jobs as one batch, with the job that runs once
+    every one of them is final (see `JobService.enqueue_batch`)."""
+    return get_jobs().enqueue_batch(requests, on_complete=on_complete, tx=tx)

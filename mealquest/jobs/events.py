@@ -98,8 +98,8 @@ class EventStream:
 
     def __init__(
         self,
-        job: Job,
-        watch: Watch,
+        job: Any,
+        watch: Watch | list[Watch],
         watcher: JobWatcher,
         *,
         render: Render,
@@ -111,7 +111,9 @@ class EventStream:
         on_close: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.watch = watch
+        # A job's stream has one watch; a batch's, one per job, into one inbox.
+        self.watches = watch if isinstance(watch, list) else [watch]
+        self.watch = self.watches[0]
         self.watcher = watcher
         self.on_close = on_close
         self.closed = False
@@ -122,7 +124,8 @@ class EventStream:
         # (gunicorn) is in the write between a yield and the next: under any
         # other consumer (a test client) the greenlet may be elsewhere.
         if writes_each_chunk:
-            watch.on_end = self._drop_soon
+            for each in self.watches:
+                each.on_end = self._drop_soon
             events = self._sent_in_time(events, send_timeout_seconds)
         self._events = events
 
@@ -165,12 +168,13 @@ class EventStream:
     def _let_go(self) -> None:
         if not self.closed:
             self.closed = True
-            self.watcher.unwatch(self.watch)
+            for watch in self.watches:
+                self.watcher.unwatch(watch)
             self.on_close()
 
     def _run(
         self,
-        job: Job,
+        job: Any,
         render: Render,
         send_first: bool,
         heartbeat_seconds: float,

@@ -24,7 +24,7 @@ class JobPathSchema(Schema):
     )
 
 
-def _time(description: str, *, nullable: bool = True) -> fields.String:
+def moment_field(description: str, *, nullable: bool = True) -> fields.String:
     """A moment as stored: RFC 3339 UTC text with microseconds (`...T10:00:00.000000Z`)."""
     return fields.String(
         required=True,
@@ -52,7 +52,7 @@ class QueueSchema(Schema):
         validate=validate.Range(min=0, max=POSITION_COUNTED),
         metadata={"description": "how many of those are the household's own"},
     )
-    estimated_start_at = _time(
+    estimated_start_at = moment_field(
         "when it may start, estimated from its kind's recent run times and the slots "
         "that serve it; null without a live process for its kind or a run to judge by"
     )
@@ -90,10 +90,10 @@ class JobSchema(Schema):
         validate=validate.Range(min=1),
         metadata={"description": "attempts the job may have"},
     )
-    created_at = _time("when the job was enqueued", nullable=False)
-    run_at = _time("when the job is (or was last) due to run", nullable=False)
-    started_at = _time("when its latest attempt started; null until one has")
-    finished_at = _time("when it ended (succeeded, failed or cancelled); null until then")
+    created_at = moment_field("when the job was enqueued", nullable=False)
+    run_at = moment_field("when the job is (or was last) due to run", nullable=False)
+    started_at = moment_field("when its latest attempt started; null until one has")
+    finished_at = moment_field("when it ended (succeeded, failed or cancelled); null until then")
     version = fields.Integer(
         required=True,
         validate=validate.Range(min=1),
@@ -151,8 +151,8 @@ class JobWaitQuerySchema(Schema):
         metadata={
             "exclusiveMinimum": True,
             "description": (
-                "with `If-None-Match` naming the job's current version: hold the request "
-                "until the job changes (200) or this many seconds pass (304); 0 < wait <= 30"
+                "with `If-None-Match` naming the current version: hold the request "
+                "until it changes (200) or this many seconds pass (304); 0 < wait <= 30"
             ),
         },
     )

@@ -124,11 +124,20 @@ class JobWatcher:
 
     # -- watches ------------------------------------------------------------------------
 
-    def watch(self, job_id: str, version: int, credential: Credential | None = None) -> Watch:
-        """A watch of the job from `version`: its inbox gets every later version."""
+    def watch(
+        self,
+        job_id: str,
+        version: int,
+        credential: Credential | None = None,
+        inbox: Queue | None = None,
+    ) -> Watch:
+        """A watch of the job from `version`: its inbox gets every later version.
+        With `inbox`, into that one (watches of several jobs, read as one: a batch)."""
         if self.closed:
             raise WatcherClosed()
         watch = Watch(job_id, version, credential)
+        if inbox is not None:
+            watch.inbox = inbox
         self._watches.setdefault(job_id, set()).add(watch)
         # Read once whatever the store says: the job may have changed between
         # the client's read and this watch.

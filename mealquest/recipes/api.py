@@ -5,17 +5,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint, request, url_for
 
 from mealquest.auth import current_household
 from mealquest.errors import not_found
 from mealquest.extensions import get_store
+from mealquest.jobs import JobRequest, enqueue_batch
 from mealquest.jobs import http as jobs_http
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
+from mealquest.recipes import shopping_list
 from mealquest.recipes.kind import KIND
 from mealquest.recipes.schemas import (
     RECIPE_ID_PATTERN,
+    RecipeImportBatchAnswerSchema,
+    RecipeImportBatchSchema,
     RecipeImportSchema,
     RecipeListSchema,
     RecipePathSchema,
@@ -31,6 +35,8 @@ _import_schema = RecipeImportSchema()
 _recipe_schema = RecipeSchema()
 _list_schema = RecipeListSchema()
 _query_schema = PageQuerySchema()
+_batch_schema = RecipeImportBatchSchema()
+_batch_answer_schema = RecipeImportBatchAnswerSchema()
 
 
 @imports_bp.post("")
@@ -38,6 +44,46 @@ _query_schema = PageQuerySchema()
 def create_import(body: dict[str, Any]) -> dict[str, Any]:
     """Start importing a recipe from a web page; poll the job it answers."""
     return body
+
+
+@imports_bp.post("/batch")
+@operation(
+    body=_batch_schema,
+    response=_batch_answer_schema,
+    status=202,
+    errors=(429,),
+    response_headers={
+        "Location": {
+            "description": "the batch's URL",
+            "required": True,
+            "schema": {"type": "string"},
+        }
+    },
+)
+def create_import_batch() -> tuple[dict[str, Any], int, dict[str, str]]:
+    """Import several recipes as one batch, and a shopping list once they end.
+
+    Each URL is checked as a single import checks it, and appears once; the
+    household's quota counts each import (not the list). A bad item is `400`
+    naming its index, and nothing is written. The body as a whole is bounded
+    as every body is (`MEALQUEST_MAX_CONTENT_LENGTH`, `413`). Watch the batch at
+    `GET /api/v1/batches/{batch_id}` (or its `/events`).
+    """
+    body = _batch_schema.load(request.get_json())
+    household_id = current_household().id
+    batched = enqueue_batch(
+        [JobRequest(KIND, {"url": url}, household_id) for url in body["urls"]],
+        on_complete=(
+            JobRequest(shopping_list.KIND, {}, household_id) if body["shopping_list"] else None
+        ),
+    )
+    answer = {
+        "batch_id": batched.batch_id,
+        "jobs": batched.job_ids,
+        "shopping_list_job_id": batched.callback_job_id,
+    }
+    location = url_for("api.batches.get_batch", batch_id=batched.batch_id)
+    return answer, 202, {"Location": location}
 
 
 @recipes_bp.get("/<recipe_id>")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate, validates
 
 MAX_URL_LENGTH = 2048
 
@@ -65,6 +66,63 @@ class RecipeImportSchema(Schema):
             validate_web_url,
         ],
         metadata={"description": "the page to import (http or https)"},
+    )
+
+
+class StrictBoolean(fields.Boolean):
+    """JSON's `true` or `false`, and nothing else (marshmallow's own takes
+    `0`, `"yes"`, ..., which the document, saying boolean, does not)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
+
+
+# The most pages one batch imports.
+MAX_BATCH_URLS = 100
+
+
+class RecipeImportBatchSchema(Schema):
+    """`POST /api/v1/recipe-imports/batch` body."""
+
+    urls = fields.List(
+        RecipeImportSchema().fields["url"],
+        required=True,
+        validate=validate.Length(1, MAX_BATCH_URLS),
+        metadata={
+            "description": f"the pages to import, 1 to {MAX_BATCH_URLS}, each once",
+            "uniqueItems": True,
+        },
+    )
+    shopping_list = StrictBoolean(
+        load_default=False,
+        metadata={"description": "also make one shopping list once every import is final"},
+    )
+
+    @validates("urls")
+    def _each_once(self, urls: list[str], **_: Any) -> None:
+        seen: dict[str, int] = {}
+        repeated: dict[int, list[str]] = {}
+        for index, url in enumerate(urls):
+            if url in seen:
+                repeated[index] = [f"the same URL as item {seen[url]}"]
+            seen.setdefault(url, index)
+        if repeated:
+            raise ValidationError(repeated)
+
+
+class RecipeImportBatchAnswerSchema(Schema):
+    """What `POST /api/v1/recipe-imports/batch` answers (`202`)."""
+
+    batch_id = fields.String(required=True)
+    jobs = fields.List(
+        fields.String(), required=True, metadata={"description": "the imports' job ids, in order"}
+    )
+    shopping_list_job_id = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": "the shopping list's job (null: none asked for)"},
     )
 
 

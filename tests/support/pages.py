@@ -58,6 +58,52 @@ def recipe_page(title: str = "Tomato Soup", **extra: Any) -> bytes:
     ).encode()
 
 
+# A week's recipes, each with the ingredient lines its site published (BBC
+# Good Food, Budget Bytes, Allrecipes; as recipe-scrapers' test pages hold
+# them): what the shopping list reads, in the units and styles sites write.
+WEEK = {
+    "Summer meatballs & spaghetti": [
+        "2 tbsp olive oil",
+        "1 onion finely chopped",
+        "2 garlic cloves crushed",
+        "1 tsp fennel seeds",
+        "250g pork mince",
+        "large handful parsley leaves chopped, stalks finely chopped",
+        "1 large courgette peeled into ribbons all around the edge, "
+        "centre grated or finely chopped",
+        "200g spaghetti",
+        "½ a lemon zested and juiced",
+        "grated parmesan to serve",
+    ],
+    "Smash Burgers": [
+        "1 lb ground beef ($6.99)",
+        "4 Tbsp frozen salted butter, divided ($0.56)",
+        "3 tsp Homemade Burger Seasoning ($0.33)",
+        "4 burger buns ($2.99)",
+        "4 leaves iceberg lettuce ($0.37)",
+        "1 tomato, sliced into thin rounds ($0.45)",
+        "1/4 small red onion, sliced into thin rounds ($0.16)",
+    ],
+    "Four Cheese Margherita Pizza": [
+        "0.25 cup olive oil",
+        "1 tablespoon minced garlic",
+        "0.5 teaspoon sea salt",
+        "8 Roma tomatoes, sliced",
+        "2 (12 inch) pre-baked pizza crusts",
+        "8 ounces shredded Mozzarella cheese",
+        "4 ounces shredded Fontina cheese",
+        "10 fresh basil leaves, washed, dried",
+        "0.5 cup freshly grated Parmesan cheese",
+        "0.5 cup crumbled feta cheese",
+    ],
+}
+
+
+def week_page(title: str) -> bytes:
+    """The page of one of `WEEK`'s recipes."""
+    return recipe_page(title, recipeIngredient=WEEK[title])
+
+
 MICRODATA_PAGE = b"""<!doctype html><html><body>
 <div itemscope itemtype="https://schema.org/Recipe">
   <h1 itemprop="name">Pancakes</h1>

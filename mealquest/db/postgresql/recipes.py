@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from mealquest.clock import to_text
@@ -67,6 +68,16 @@ def get_recipe(conn: Reads, recipe_id: str, household_id: int) -> Recipe | None:
         (recipe_id, household_id),
     ).fetchone()
     return _recipe(row) if row else None
+
+
+def recipes_of_jobs(conn: Reads, household_id: int, job_ids: Sequence[str]) -> list[Recipe]:
+    """The recipes the household's jobs `job_ids` imported, in the jobs' order."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM recipes WHERE household_id = %s AND job_id = ANY(%s::text[])",
+        (household_id, list(job_ids)),
+    ).fetchall()
+    order = {job_id: index for index, job_id in enumerate(job_ids)}
+    return sorted((_recipe(row) for row in rows), key=lambda recipe: order[recipe.job_id or ""])
 
 
 def list_recipes(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.driver import Reads, Transaction
@@ -61,6 +62,18 @@ def get_recipe(conn: Reads, recipe_id: str, household_id: int) -> Recipe | None:
         (recipe_id, household_id),
     ).fetchone()
     return Recipe.from_row(row) if row else None
+
+
+def recipes_of_jobs(conn: Reads, household_id: int, job_ids: Sequence[str]) -> list[Recipe]:
+    """The recipes the household's jobs `job_ids` imported, in the jobs' order."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM recipes WHERE household_id = ? "
+        "AND job_id IN (SELECT value FROM json_each(?))",
+        (household_id, json.dumps(list(job_ids))),
+    ).fetchall()
+    order = {job_id: index for index, job_id in enumerate(job_ids)}
+    recipes = [Recipe.from_row(row) for row in rows]
+    return sorted(recipes, key=lambda recipe: order[recipe.job_id or ""])
 
 
 def list_recipes(

@@ -1,0 +1,251 @@
+"""A household's week: `POST /api/v1/recipe-imports/batch`, the batch watched
+(`GET /api/v1/batches/{id}`, its ETag, long poll and event stream), and the
+`shopping_list` kind merging what was imported; on both databases, through
+the real pool and a real HTTP server on loopback serving the pages."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import gevent
+import pytest
+
+from mealquest.jobs.service import get_jobs
+from mealquest.recipes import ingredients
+from mealquest.recipes.shopping_list import NOTHING_IMPORTED
+from tests.conftest import wait_for
+from tests.support import sql
+from tests.support.pages import WEEK, PageServer, Reply, week_page
+from tests.test_recipe_import import FETCH_CONFIG
+
+pytestmark = pytest.mark.both_databases
+
+MEATBALLS, BURGERS, PIZZA = WEEK
+
+
+@pytest.fixture
+def pages() -> Iterator[PageServer]:
+    server = PageServer().start()
+    for index, title in enumerate(WEEK):
+        server.page(f"/week/{index}", week_page(title))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def app(make_app):
+    app = make_app(ALLOW_PRIVATE_URLS=True, **FETCH_CONFIG)
+    get_jobs(app).start_pool()
+    return app
+
+
+def post_batch(client, auth, urls, shopping_list=True):
+    return client.post(
+        "/api/v1/recipe-imports/batch",
+        json={"urls": urls, "shopping_list": shopping_list},
+        headers=auth,
+    )
+
+
+def job(client, auth, job_id):
+    return client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json()
+
+
+def final_job(client, auth, job_id):
+    return wait_for(
+        lambda: (
+            (found := job(client, auth, job_id))["status"] in ("succeeded", "failed", "cancelled")
+            and found
+        ),
+        timeout=60,
+    )
+
+
+def count(store, table):
+    return sql.scalar(store, f"SELECT count(*) FROM {table}")
+
+
+def test_a_week_imported_as_a_batch_ends_in_one_shopping_list(app, pages, auth):
+    client = app.test_client()
+    urls = [pages.url(f"/week/{index}") for index in range(3)] + [pages.url("/gone")]
+    answer = post_batch(client, auth, urls)
+    assert answer.status_code == 202, answer.get_json()
+    body = answer.get_json()
+    assert set(body) == {"batch_id", "jobs", "shopping_list_job_id"}
+    assert len(body["jobs"]) == 4
+    assert answer.headers["Location"] == f"/api/v1/batches/{body['batch_id']}"
+
+    list_job = final_job(client, auth, body["shopping_list_job_id"])
+    assert list_job["status"] == "succeeded", list_job
+    result = list_job["result"]
+    assert result["recipes"] == 3
+    assert result["skipped"] == [body["jobs"][3]]  # the page that was not there
+    items = {(item["food"], item["unit"]): item for item in result["items"]}
+    # Olive oil: 2 tbsp and a quarter cup, summed in millilitres, from two recipes.
+    oil = items[("olive oil", "ml")]
+    assert oil["quantity"] == pytest.approx(89, abs=1)
+    assert oil["from"] == [MEATBALLS, PIZZA]
+    assert items[("pork mince", "g")]["quantity"] == 250
+    assert items[("ground beef", "g")]["quantity"] == 454  # 1 lb
+    assert items[("mozzarella cheese", "g")]["text"] == "227 g mozzarella cheese"
+    assert items[("burger buns", None)]["quantity"] == 4
+    # What no unit sums is listed as written, with its recipe.
+    written = [item for item in result["items"] if item["quantity"] is None]
+    assert {"text": "grated parmesan to serve", "from": [MEATBALLS]}.items() <= next(
+        item for item in written if item["text"] == "grated parmesan to serve"
+    ).items()
+    assert sum(len(lines) for lines in WEEK.values()) >= len(result["items"])
+
+    batch = client.get(answer.headers["Location"], headers=auth)
+    assert batch.status_code == 200
+    shown = batch.get_json()
+    assert shown == {
+        "id": body["batch_id"],
+        "status": "finished",
+        "total": 4,
+        "queued": 0,
+        "running": 0,
+        "succeeded": 3,
+        "failed": 1,
+        "cancelled": 0,
+        "jobs": body["jobs"],
+        "callback_job_id": body["shopping_list_job_id"],
+        "version": shown["version"],
+        "created_at": shown["created_at"],
+        "finished_at": list_job["finished_at"],
+    }
+    assert batch.headers["ETag"] == f'"{shown["version"]}"'
+    again = client.get(
+        answer.headers["Location"], headers={**auth, "If-None-Match": batch.headers["ETag"]}
+    )
+    assert again.status_code == 304
+
+
+def test_no_import_succeeded_no_list(app, pages, auth):
+    client = app.test_client()
+    body = post_batch(client, auth, [pages.url("/nothing"), pages.url("/nothing-else")]).get_json()
+    list_job = final_job(client, auth, body["shopping_list_job_id"])
+    assert (list_job["status"], list_job["error"]) == ("failed", NOTHING_IMPORTED)
+
+
+def test_a_long_poll_and_the_stream_follow_the_batch_to_its_end(app, pages, auth):
+    client = app.test_client()
+    held = threading.Event()
+    pages.add("/held", Reply(body=week_page(BURGERS), hold=held))
+    body = post_batch(client, auth, [pages.url("/week/0"), pages.url("/held")]).get_json()
+    location = f"/api/v1/batches/{body['batch_id']}"
+    wait_for(lambda: pages.hits["/held"] == 1)
+    first_import = body["jobs"][0]
+    wait_for(lambda: job(client, auth, first_import)["status"] == "succeeded")
+    now = client.get(location, headers=auth)
+    assert now.get_json()["status"] == "running"
+    assert now.get_json()["succeeded"] == 1
+
+    # A long poll held until the held import ends.
+    answers = []
+    poll = gevent.spawn(
+        lambda: answers.append(
+            client.get(
+                f"{location}?wait=30", headers={**auth, "If-None-Match": now.headers["ETag"]}
+            )
+        )
+    )
+    gevent.sleep(0.2)
+    assert not answers  # still held: nothing changed
+    held.set()
+    poll.join(timeout=60)
+    assert answers[0].status_code == 200
+    assert answers[0].get_json()["version"] > now.get_json()["version"]
+
+    # The stream, opened now, runs to the batch's end (the list's job included).
+    stream = client.get(f"{location}/events", headers=auth)
+    assert stream.status_code == 200
+    events = [
+        block for block in stream.get_data(as_text=True).split("\n\n") if block.startswith("id:")
+    ]
+    names = [block.split("\n")[1] for block in events]
+    assert names[-1] == "event: end"
+    assert set(names[:-1]) == {"event: batch"}
+    last = json.loads(events[-2].split("\n")[2].removeprefix("data: "))
+    assert last["status"] == "finished"
+    assert job(client, auth, body["shopping_list_job_id"])["status"] == "succeeded"
+
+
+def test_a_batch_is_the_households_own(app, pages, auth, other_household):
+    client = app.test_client()
+    body = post_batch(client, auth, [pages.url("/week/0")], shopping_list=False).get_json()
+    assert body["shopping_list_job_id"] is None
+    theirs = {"Authorization": f"Bearer {other_household.token}"}
+    for path in ("", "/events"):
+        answer = client.get(f"/api/v1/batches/{body['batch_id']}{path}", headers=theirs)
+        assert answer.status_code == 404
+        assert client.get(f"/api/v1/batches/{body['batch_id']}{path}").status_code == 401
+    assert client.get("/api/v1/batches/not-a-batch", headers=auth).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("urls", "fields"),
+    [
+        pytest.param([], {"urls": ["Length must be between 1 and 100."]}, id="none"),
+        pytest.param(
+            [f"https://recipes.example/{i}" for i in range(101)],
+            {"urls": ["Length must be between 1 and 100."]},
+            id="over-100",
+        ),
+        pytest.param(
+            ["https://recipes.example/a", "https://recipes.example/b", "ftp://recipes.example/c"],
+            {
+                "urls": {
+                    "2": [
+                        "must be an http or https URL with a host",
+                        "must be an http or https URL",
+                    ]
+                }
+            },
+            id="bad-url-at-2",
+        ),
+        pytest.param(
+            ["https://recipes.example/a", "https://recipes.example/b", "https://recipes.example/a"],
+            {"urls": {"2": ["the same URL as item 0"]}},
+            id="duplicate",
+        ),
+    ],
+)
+def test_a_bad_batch_names_the_item_and_writes_nothing(app, store, auth, urls, fields):
+    answer = post_batch(app.test_client(), auth, urls)
+    assert answer.status_code == 400
+    error = answer.get_json()["error"]
+    assert error["code"] == "validation_error"
+    assert error["fields"] == fields
+    for table in ("jobs", "batches", "batch_jobs", "job_dependencies"):
+        assert count(store, table) == 0
+
+
+def test_a_batch_over_the_quota_is_refused_whole(make_app, store, auth):
+    app = make_app(ALLOW_PRIVATE_URLS=True, JOB_MAX_PENDING_PER_HOUSEHOLD=2)
+    urls = [f"https://recipes.example/{i}" for i in range(3)]
+    answer = post_batch(app.test_client(), auth, urls)
+    assert answer.status_code == 429
+    assert answer.get_json()["error"]["code"] == "too_many_jobs"
+    assert count(store, "jobs") == 0
+    # Two imports fit, with their list beside them.
+    assert post_batch(app.test_client(), auth, urls[:2]).status_code == 202
+    assert count(store, "jobs") == 3
+
+
+def test_lines_read_as_sites_write_them():
+    read = ingredients.read_line
+    assert (read("250g pork mince").food, read("250g pork mince").quantity) == ("pork mince", 250)
+    tins = read("2 x 400g tins chopped tomatoes")
+    assert (tins.quantity, tins.unit) == (800, "g")
+    milk = read("1/2 cup (120 ml) milk")  # the metric amount, as written
+    assert (milk.quantity, milk.unit) == (120, "ml")
+    eggs = read("3 large eggs")
+    assert (eggs.food, eggs.quantity, eggs.unit) == ("eggs", 3, None)
+    assert not read("a pinch of salt").summable
+    merged = ingredients.merge([("A", ["2 eggs"]), ("B", ["1 large egg", "3 eggs"])])
+    assert [(item.food, item.quantity, item.sources) for item in merged] == [
+        ("eggs", 6.0, ["A", "B"])
+    ]
