@@ -226,3 +226,32 @@ def test_erasing_the_household_takes_its_batches_and_cancels_nothing_else(
     assert final(jobs, kept.callback_job_id).status is Status.SUCCEEDED
     assert runs(log) == [kept.callback_job_id]
     assert count(store, "job_dependencies") == 0
+
+
+def test_the_cli_lists_a_batch_and_a_households_batches(app, household, runner, tmp_path):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    batched = jobs.enqueue_batch(
+        [
+            JobRequest("succeed", {"value": 1}, hid),
+            JobRequest("fail_with_failure", {"message": "no"}, hid),
+        ],
+        on_complete=JobRequest("batch_report", {"log": str(tmp_path / "log")}, hid),
+    )
+    final(jobs, batched.callback_job_id)
+    shown = runner.invoke(args=["jobs", "list", "--batch", batched.batch_id])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0].startswith(f"batch {batched.batch_id}  finished  household={hid}  total=2")
+    assert "succeeded=1  failed=1" in lines[0]
+    assert [line.split()[0] for line in lines[1:3]] == batched.job_ids
+    assert lines[3].startswith(f"callback  {batched.callback_job_id}  succeeded")
+    failed_only = runner.invoke(
+        args=["jobs", "list", "--batch", batched.batch_id, "--status", "failed"]
+    )
+    assert len(failed_only.output.splitlines()) == 2
+    listed = runner.invoke(args=["jobs", "batches", "--household", str(hid)])
+    assert listed.output.startswith(f"batch {batched.batch_id}  finished")
+    unknown = runner.invoke(args=["jobs", "list", "--batch", "0" * 32])
+    assert unknown.exit_code == 1
+    assert "no batch" in unknown.output

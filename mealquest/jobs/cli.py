@@ -20,6 +20,7 @@ from mealquest.jobs import flow, retention
 from mealquest.jobs.errors import JobsError
 from mealquest.jobs.service import get_jobs
 from mealquest.masking import mask
+from mealquest.model.batches import Batch
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
 
 jobs_cli = CommandGroup("jobs", help="The job queue.")
@@ -38,8 +39,23 @@ def _summary(job: Job) -> str:
 @click.option("--kind", default=None)
 @click.option("--household", "household_id", type=int, default=None)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
-def jobs_list(status: str | None, kind: str | None, household_id: int | None, limit: int) -> None:
-    """Jobs newest first."""
+@click.option(
+    "--batch",
+    "batch_id",
+    default=None,
+    help="a batch: its line, then its jobs in their order and its callback",
+)
+def jobs_list(
+    status: str | None,
+    kind: str | None,
+    household_id: int | None,
+    limit: int,
+    batch_id: str | None,
+) -> None:
+    """Jobs newest first (or a batch's, in their order)."""
+    if batch_id is not None:
+        _list_batch(batch_id, status, kind, household_id)
+        return
     jobs = get_jobs().list_jobs(
         household_id=household_id,
         status=Status(status) if status else None,
@@ -48,6 +64,43 @@ def jobs_list(status: str | None, kind: str | None, household_id: int | None, li
     )
     for job in jobs:
         click.echo(_summary(job))
+
+
+def _batch_line(batch: Batch) -> str:
+    counts = "  ".join(f"{status.value}={batch.count(status)}" for status in Status)
+    return (
+        f"batch {batch.id}  {batch.status.value}  household={batch.household_id}  "
+        f"total={batch.total}  {counts}  callback={batch.callback_job_id or '-'}  "
+        f"created={batch.created_at}"
+    )
+
+
+def _list_batch(
+    batch_id: str, status: str | None, kind: str | None, household_id: int | None
+) -> None:
+    jobs = get_jobs()
+    batch = jobs.batch(batch_id, household_id=household_id)
+    if batch is None:
+        raise click.ClickException(f"no batch {batch_id}")
+    click.echo(_batch_line(batch))
+    ids = [member.job_id for member in batch.members]
+    if batch.callback_job_id is not None:
+        ids.append(batch.callback_job_id)
+    for job_id in ids:
+        job = jobs.get(job_id)
+        if job is None or (status and job.status.value != status) or (kind and job.kind != kind):
+            continue
+        click.echo(("callback  " if job_id == batch.callback_job_id else "") + _summary(job))
+
+
+@jobs_cli.command("batches")
+@click.option("--household", "household_id", type=int, required=True)
+@click.option("--limit", type=click.IntRange(1, 1_000), default=20, show_default=True)
+def jobs_batches(household_id: int, limit: int) -> None:
+    """A household's batches, newest first: each one's progress and callback."""
+    store = get_jobs().store
+    for batch in store.read(store.batches.household_batches, household_id, limit=limit):
+        click.echo(_batch_line(batch))
 
 
 @jobs_cli.command("show")
