@@ -182,8 +182,19 @@ def runner_child(args: dict) -> dict:
     household, n = args["household"], args["jobs"]
     counter.expect(n)
     started = time.perf_counter()
-    for _ in range(n):
-        jobs.enqueue("noop", {}, household_id=household)
+    if args.get("batches"):
+        # Batches of nine members and a callback that waits for them: the
+        # same n jobs, a tenth of them unblocked by the unblocker.
+        from mealquest.jobs.enqueueing import JobRequest
+
+        member = JobRequest("noop", {}, household)
+        for _ in range(n // 10):
+            jobs.enqueue_batch([member] * 9, on_complete=member)
+        for _ in range(n % 10):
+            jobs.enqueue("noop", {}, household_id=household)
+    else:
+        for _ in range(n):
+            jobs.enqueue("noop", {}, household_id=household)
     enqueued = time.perf_counter()
     before = thread_cpu_seconds()
     pool = jobs.start_pool()
@@ -260,6 +271,7 @@ def huey_child(args: dict) -> dict:
 CHILDREN = {
     "throughput_raw": raw_child,
     "throughput_runner": runner_child,
+    "throughput_runner_batched": lambda args: runner_child({**args, "batches": True}),
     "huey": huey_child,
     "throughput_minimal": minimal_child,
 }

@@ -15,8 +15,10 @@ from mealquest.jobs.service import get_jobs
 from mealquest.model.batches import BatchStatus
 from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
 from mealquest.operator_actions import erasure
+from mealquest.operators import create_operator
 from tests.conftest import wait_for
 from tests.support import sql
+from tests.test_admin import SECRET_KEY, signed_in
 
 pytestmark = pytest.mark.both_databases
 
@@ -255,3 +257,37 @@ def test_the_cli_lists_a_batch_and_a_households_batches(app, household, runner, 
     unknown = runner.invoke(args=["jobs", "list", "--batch", "0" * 32])
     assert unknown.exit_code == 1
     assert "no batch" in unknown.output
+
+
+def test_the_dashboard_shows_a_households_batches_and_a_batchs_members(
+    make_app, store, household, tmp_path
+):
+    app = make_app(DASHBOARD=True, SECRET_KEY=SECRET_KEY)
+    jobs = get_jobs(app)
+    jobs.start_pool()
+    hid = household.household_id
+    secret = "tok_1a2b3c4d5e6f"
+    batched = jobs.enqueue_batch(
+        [
+            JobRequest("succeed", {"value": 1}, hid),
+            JobRequest("fail_with_failure", {"message": f"https://x.example/?token={secret}"}, hid),
+        ],
+        on_complete=JobRequest("batch_report", {"log": str(tmp_path / "log")}, hid),
+    )
+    final(jobs, batched.callback_job_id)
+    client, _ = signed_in(app, create_operator(store, "Ada").token)
+    households_page = client.get("/admin/households").get_data(as_text=True)
+    assert f'id="batches-{hid}"' in households_page
+    listing = client.get(f"/admin/batches?household={hid}").get_data(as_text=True)
+    assert f"/admin/batches/{batched.batch_id}" in listing
+    page = client.get(f"/admin/batches/{batched.batch_id}")
+    assert page.status_code == 200
+    text = page.get_data(as_text=True)
+    assert 'id="batch-status">finished<' in text
+    assert all(f"/admin/jobs/{job_id}" in text for job_id in batched.job_ids)
+    assert f"/admin/jobs/{batched.callback_job_id}" in text
+    assert "token=***" in text
+    assert secret not in text
+    assert client.get("/admin/batches/" + "0" * 32).status_code == 404
+    assert client.get("/admin/batches").status_code == 400
+    assert app.test_client().get(f"/admin/batches/{batched.batch_id}").status_code in (302, 401)

@@ -18,12 +18,18 @@ from datetime import timedelta
 from flask import Flask, request
 from flask.sessions import SecureCookieSessionInterface
 
-from mealquest.admin import audit_page, bulk_pages, household_pages, processes_page
+from mealquest.admin import (
+    audit_page,
+    batch_pages,
+    bulk_pages,
+    household_pages,
+    processes_page,
+)
 from mealquest.admin.guard import csrf
 from mealquest.admin.views import bp
 
 # The pages beside the views' own, on the same blueprint.
-PAGES = (audit_page, bulk_pages, household_pages, processes_page)
+PAGES = (audit_page, batch_pages, bulk_pages, household_pages, processes_page)
 
 
 class _SessionInterface(SecureCookieSessionInterface):
