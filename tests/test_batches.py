@@ -11,6 +11,7 @@ from marshmallow import ValidationError
 
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import TooManyJobs
+from mealquest.jobs.retention import prune
 from mealquest.jobs.service import get_jobs
 from mealquest.model.batches import BatchStatus
 from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
@@ -291,3 +292,26 @@ def test_the_dashboard_shows_a_households_batches_and_a_batchs_members(
     assert client.get("/admin/batches/" + "0" * 32).status_code == 404
     assert client.get("/admin/batches").status_code == 400
     assert app.test_client().get(f"/admin/batches/{batched.batch_id}").status_code in (302, 401)
+
+
+def test_a_batch_goes_with_the_prune_of_its_last_job(app, store, household, tmp_path):
+    jobs = get_jobs(app)
+    hid = household.household_id
+    batched = jobs.enqueue_batch(
+        [JobRequest("succeed", {"value": 1}, hid)],
+        on_complete=JobRequest("batch_report", {"log": str(tmp_path / "log")}, hid),
+    )
+    final(jobs, batched.callback_job_id)
+    # The member is pruned, the callback not yet: the batch stays, smaller.
+    sql.execute(
+        store,
+        "UPDATE jobs SET finished_at = '2000-01-01T00:00:00.000000Z' WHERE id = ?",
+        (batched.job_ids[0],),
+    )
+    prune(store, older_than_days=1, catchup_seconds=0)
+    kept = jobs.batch(batched.batch_id)
+    assert (kept.total, kept.members, kept.callback_job_id) == (1, (), batched.callback_job_id)
+    sql.execute(store, "UPDATE jobs SET finished_at = '2000-01-01T00:00:00.000000Z'")
+    prune(store, older_than_days=1, catchup_seconds=0)
+    assert jobs.batch(batched.batch_id) is None
+    assert count(store, "batches") == 0
