@@ -110,31 +110,50 @@ _Answer = tuple[Household | None, Job | None, bytes | None]
 # Far above any list of our tags a client keeps; a longer header is refused
 # rather than parsed.
 IF_NONE_MATCH_MAX_LENGTH = 1000
-ETAG_HEADERS: dict[str, dict[str, Any]] = {
-    "ETag": {
-        "description": 'the job\'s version, quoted (`"7"`): send it back as `If-None-Match`',
-        "required": True,
-        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+
+
+def etag_headers(what: str) -> dict[str, dict[str, Any]]:
+    """The `ETag` answer header of `what` ("job", "batch") in the document."""
+    return {
+        "ETag": {
+            "description": (
+                f'the {what}\'s version, quoted (`"7"`): send it back as `If-None-Match`'
+            ),
+            "required": True,
+            "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+        }
     }
-}
-IF_NONE_MATCH_PARAMETER: dict[str, Any] = {
-    "name": "If-None-Match",
-    "required": False,
-    "description": (
-        "the `ETag` of the version the client has: `304` while the job is still at it "
-        "(with `wait`, once the job changes or the wait is over)"
-    ),
-    "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
-}
-LAST_EVENT_ID_PARAMETER: dict[str, Any] = {
-    "name": events.LAST_EVENT_ID,
-    "required": False,
-    "description": (
-        "the `id` (the job's version) of the last event the client has: the current "
-        "state is sent only if it is newer"
-    ),
-    "schema": {"type": "string", "pattern": events.LAST_EVENT_ID_PATTERN},
-}
+
+
+def if_none_match_parameter(what: str, changes: str) -> dict[str, Any]:
+    """The `If-None-Match` parameter of `what`, which `changes` wakes a long poll."""
+    return {
+        "name": "If-None-Match",
+        "required": False,
+        "description": (
+            f"the `ETag` of the version the client has: `304` while the {what} is still at it "
+            f"(with `wait`, once {changes} or the wait is over)"
+        ),
+        "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
+    }
+
+
+def last_event_id_parameter(what: str) -> dict[str, Any]:
+    """The `Last-Event-ID` parameter of `what`'s event stream."""
+    return {
+        "name": events.LAST_EVENT_ID,
+        "required": False,
+        "description": (
+            f"the `id` (the {what}'s version) of the last event the client has: the current "
+            "state is sent only if it is newer"
+        ),
+        "schema": {"type": "string", "pattern": events.LAST_EVENT_ID_PATTERN},
+    }
+
+
+ETAG_HEADERS = etag_headers("job")
+IF_NONE_MATCH_PARAMETER = if_none_match_parameter("job", "the job changes")
+LAST_EVENT_ID_PARAMETER = last_event_id_parameter("job")
 
 
 @bp.record_once

@@ -9,7 +9,6 @@ household's streams and the process's, as a job's do.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request
 from flask.typing import ResponseReturnValue
@@ -20,7 +19,12 @@ from mealquest.errors import APIError, not_found
 from mealquest.extensions import get_store
 from mealquest.households import digest_of_wellformed
 from mealquest.jobs import events
-from mealquest.jobs.api import IF_NONE_MATCH_MAX_LENGTH
+from mealquest.jobs.api import (
+    IF_NONE_MATCH_MAX_LENGTH,
+    etag_headers,
+    if_none_match_parameter,
+    last_event_id_parameter,
+)
 from mealquest.jobs.batch_events import BatchEventStream, batch_changed, watch_batch
 from mealquest.jobs.batch_schemas import BATCH_ID_PATTERN, BatchPathSchema, BatchSchema, dump_batch
 from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyStreams
@@ -40,31 +44,9 @@ _batch_schema = BatchSchema()
 _wait_schema = JobWaitQuerySchema()
 _last_event_id = re.compile(events.LAST_EVENT_ID_PATTERN)
 
-ETAG_HEADERS: dict[str, dict[str, Any]] = {
-    "ETag": {
-        "description": 'the batch\'s version, quoted (`"7"`): send it back as `If-None-Match`',
-        "required": True,
-        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
-    }
-}
-IF_NONE_MATCH_PARAMETER: dict[str, Any] = {
-    "name": "If-None-Match",
-    "required": False,
-    "description": (
-        "the `ETag` of the version the client has: `304` while the batch is still at it "
-        "(with `wait`, once one of its jobs changes or the wait is over)"
-    ),
-    "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
-}
-LAST_EVENT_ID_PARAMETER: dict[str, Any] = {
-    "name": events.LAST_EVENT_ID,
-    "required": False,
-    "description": (
-        "the `id` (the batch's version) of the last event the client has: the current "
-        "state is sent only if it is newer"
-    ),
-    "schema": {"type": "string", "pattern": events.LAST_EVENT_ID_PATTERN},
-}
+ETAG_HEADERS = etag_headers("batch")
+IF_NONE_MATCH_PARAMETER = if_none_match_parameter("batch", "one of its jobs changes")
+LAST_EVENT_ID_PARAMETER = last_event_id_parameter("batch")
 
 
 def _read(batch_id: str, household_id: int) -> Batch:
