@@ -724,7 +724,7 @@ class BatchStatements(Protocol):
         """Delete the household's batches (an erasure: its jobs go too); how many."""
         ...
 
-    def resolve_dependencies(self, tx: Transaction, /, *, limit: int = ...) -> Unblocked:
+    def resolve_dependencies(self, tx: Transaction, /, *, limit: int) -> Unblocked:
         """One pass of the unblocker: dependencies on final jobs resolved, the
         jobs waiting for them made due or cancelled."""
         ...

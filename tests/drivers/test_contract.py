@@ -31,6 +31,7 @@ SETS = {
     "streams": driver.StreamStatements,
     "audit": driver.AuditStatements,
     "history": driver.HistoryStatements,
+    "batches": driver.BatchStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

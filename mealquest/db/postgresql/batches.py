@@ -189,7 +189,7 @@ def delete_household_batches(tx: Transaction, household_id: int, *, limit: int) 
     ).rowcount
 
 
-def resolve_dependencies(tx: Transaction, *, limit: int = 1_000) -> Unblocked:
+def resolve_dependencies(tx: Transaction, *, limit: int) -> Unblocked:
     """One pass of the unblocker, as SQLite's `resolve_dependencies`; a pass
     that finds another process's under way does nothing (that one does it)."""
     locked = tx.execute(

@@ -181,7 +181,7 @@ def delete_household_batches(tx: Transaction, household_id: int, *, limit: int) 
     ).rowcount
 
 
-def resolve_dependencies(tx: Transaction, *, limit: int = 1_000) -> Unblocked:
+def resolve_dependencies(tx: Transaction, *, limit: int) -> Unblocked:
     """One pass of the unblocker over up to `limit` dependencies whose job is
     final (or gone): each such row is deleted; a waiting job one of whose
     needed jobs did not succeed (or any of whose jobs is gone) is cancelled

@@ -23,6 +23,7 @@ import gevent
 from gevent.event import Event
 
 from mealquest.db.driver import Store
+from mealquest.db.errors import StoreUnavailable
 from mealquest.model.batches import Unblocked
 
 logger = logging.getLogger(__name__)
@@ -57,10 +58,18 @@ class Unblocker:
         self._nudged.set()
 
     def run(self) -> None:
+        """Forever. A pass that fails is tried again at the next wake: a
+        database away (a restart, a failover, PgBouncer gone) must not end the
+        role, which would restart its whole process."""
         while True:
             self._nudged.wait(timeout=self.interval_seconds)
             self._nudged.clear()
-            self.run_once()
+            try:
+                self.run_once()
+            except StoreUnavailable:
+                logger.warning("unblocking jobs: database unavailable; trying again")
+            except Exception:
+                logger.exception("unblocking jobs failed; trying again")
             gevent.sleep(self.min_gap_seconds)
 
     def run_once(self) -> Unblocked:
