@@ -289,7 +289,9 @@ def test_a_parse_past_its_memory_limit_is_unreadable(own_pool):
     )
     with pytest.raises(PageUnreadable) as raised:
         pool.parse(page, seconds=FOREVER)
-    assert "memory" in raised.value.reason or "ended" in raised.value.reason, raised.value.reason
+    # Always the parent's kill, never an allocation failing at a cap: at one
+    # in about ten such parses CPython's unwinding of the MemoryError spun.
+    assert raised.value.reason == "its parser process past its memory limit"
     assert not pool.busy_pids()
     # The next page gets a new process, and parses.
     soup = Page(url="http://recipes.example/soup", content_type="text/html", body=recipe_page())

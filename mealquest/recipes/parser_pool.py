@@ -54,7 +54,7 @@ from gevent import monkey
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes.fetch import Page
 from mealquest.recipes.parse import ParserFailed
-from mealquest.recipes.parser_process import LENGTH, MAX_FRAME, frame
+from mealquest.recipes.parser_process import LENGTH, MAX_FRAME, frame, resident_size
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ MEMORY_HEADROOM = 512 * 1024 * 1024
 # CPU, more on a loaded machine) before the pool gives up on it.
 START_SECONDS = 60.0
 _REAP_SECONDS = 5.0
+# How often a parse's resident size is looked at: a dense page grows a
+# parser by well under the headroom in this time.
+_MEMORY_WATCH_SECONDS = 0.05
 _CHUNK = 1024 * 1024
 _CHILD = "import sys; from mealquest.recipes.parser_process import main; main(sys.argv[1:])"
 # `returncode` of a process that someone else reaped.
@@ -117,6 +120,10 @@ class ParserProcess:
             os.close(to_child_read)
             os.close(from_child_write)
         self.returncode: int | None = None
+        # Set from the ready answer: the resident size past which the
+        # process is killed while it parses (None: unknown, not watched).
+        self.resident_limit: int | None = None
+        self.past_memory_limit = False
         self._to_child = to_child
         self._from_child = from_child
         gevent.os.make_nonblocking(to_child)
@@ -132,13 +139,31 @@ class ParserProcess:
         if answer.get("ready") is not True:
             self.kill()
             raise ParserUnavailable(f"{ParserUnavailable.__doc__} ({self.how_it_ended()})")
+        limit = answer.get("resident_limit")
+        self.resident_limit = limit if isinstance(limit, int) else None
 
     def exchange(self, header: dict[str, Any], body: bytes, seconds: float) -> dict[str, Any]:
-        """Send a page and wait, at most `seconds`, for the answer."""
-        with gevent.Timeout(seconds, _TimeUp):
-            self._write(frame(json.dumps(header).encode()) + LENGTH.pack(len(body)))
-            self._write(body)
-            return self._read_answer()
+        """Send a page and wait, at most `seconds`, for the answer; the process
+        is killed if it grows past its resident limit meanwhile."""
+        watch = None if self.resident_limit is None else gevent.spawn(self._watch_memory)
+        try:
+            with gevent.Timeout(seconds, _TimeUp):
+                self._write(frame(json.dumps(header).encode()) + LENGTH.pack(len(body)))
+                self._write(body)
+                return self._read_answer()
+        finally:
+            if watch is not None:
+                watch.kill(block=False)
+
+    def _watch_memory(self) -> None:
+        assert self.resident_limit is not None
+        while self.poll() is None:
+            resident = resident_size(self.pid)
+            if resident is not None and resident > self.resident_limit:
+                self.past_memory_limit = True
+                self._signal(signal.SIGKILL)
+                return
+            gevent.sleep(_MEMORY_WATCH_SECONDS)
 
     def alive(self) -> bool:
         return self.poll() is None
@@ -173,6 +198,8 @@ class ParserProcess:
     def how_it_ended(self) -> str:
         """Words for the log: the limit that ended the process, or its status."""
         code = self.returncode
+        if self.past_memory_limit:
+            return "past its memory limit"
         if code is None:
             return "still running"
         if code == _UNKNOWN:

@@ -10,8 +10,14 @@ listening socket, no lock another thread held), and its parent kills it
 when a parse runs past its time. Within, it limits itself too, so that it
 ends even if its parent cannot see to it:
 
-* its address space, to its size once the parsing libraries are imported
-  plus `memory_headroom` (a parse past it fails, as a crash would);
+* its memory: its parent kills it once its resident size passes its size
+  once the parsing libraries are imported plus `memory_headroom` (the
+  ready answer says where that is); its address space is capped too, at
+  twice that headroom, only as a backstop where the parent cannot watch.
+  The parent's watch is the limit because an allocation that fails at the
+  cap can leave CPython's exception unwinding retrying a small allocation
+  forever (3.11's eval loop does: a parse seen spinning at 100% CPU for
+  minutes here), so a limit that makes allocations fail is never relied on;
 * the CPU time of each parse (RLIMIT_CPU, raised before each one by the
   CPU it has used so far: SIGXCPU ends it);
 * it dies with its parent (Linux's parent-death signal) and exits when its
@@ -32,7 +38,8 @@ request is two frames, a JSON header (`url`, `content_type`,
 library raised) or `{"unreadable": "memory"}`, with `"retire": true` when
 the process ends after it (it grew past `RETIRE_GROWTH`, or ran out of
 memory). The first answer, once the libraries are imported, is
-`{"ready": true}`.
+`{"ready": true, "resident_limit": <bytes>}` (null where the resident size
+cannot be read).
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ RETIRE_GROWTH = 128 * 1024 * 1024
 _PR_SET_PDEATHSIG = 1
 # Weighs a parse at a tenth of a service process when both want the CPU.
 NICENESS = 10
+# Fields of /proc/PID/statm, in pages.
+_STATM_SIZE = 0
+_STATM_RESIDENT = 1
 # The largest CPU limit set (a year): a setting past it is no limit anyway.
 _MAX_CPU_SECONDS = 365 * 24 * 3600
 
@@ -117,9 +127,18 @@ def _die_with(parent: int) -> None:
 
 def _address_space() -> int | None:
     """This process's virtual size in bytes (Linux), or None where unknown."""
+    return statm_bytes(os.getpid(), _STATM_SIZE)
+
+
+def resident_size(pid: int) -> int | None:
+    """A process's resident size in bytes (Linux), or None where unknown."""
+    return statm_bytes(pid, _STATM_RESIDENT)
+
+
+def statm_bytes(pid: int, field: int) -> int | None:
     try:
-        with open("/proc/self/statm") as statm:
-            pages = int(statm.read().split()[0])
+        with open(f"/proc/{pid}/statm") as statm:
+            pages = int(statm.read().split()[field])
     except (OSError, ValueError, IndexError):
         return None
     return pages * resource.getpagesize()
@@ -157,14 +176,16 @@ def serve(parent: int, memory_headroom: int) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     size = _address_space()
     if size is not None:
-        limit = size + memory_headroom
+        limit = size + 2 * memory_headroom
         _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     started_rss = _peak_rss()
+    resident = resident_size(os.getpid())
     stdin, stdout = 0, 1
-    _answer(stdout, {"ready": True})
+    resident_limit = None if resident is None else resident + memory_headroom
+    _answer(stdout, {"ready": True, "resident_limit": resident_limit})
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
