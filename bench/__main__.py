@@ -39,6 +39,7 @@ SQLITE_FIGURES = (
     "drain_cpu_vs_huey",
     "enqueue_vs_huey",
     "drain_with_dependencies_vs_plain",
+    "drain_traced_vs_plain",
     "two_processes",
     "latency_local_p50",
     "latency_local_p99",
@@ -101,6 +102,7 @@ def measure_throughput(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         "raw": [],
         "runner": [],
         "batched": [],
+        "traced": [],
         "huey": [],
         "minimal": [],
     }
@@ -109,6 +111,7 @@ def measure_throughput(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
             ("raw", "throughput_raw"),
             ("runner", "throughput_runner"),
             ("batched", "throughput_runner_batched"),
+            ("traced", "throughput_runner_traced"),
             ("huey", "huey"),
             ("minimal", "throughput_minimal"),
         ):
@@ -225,6 +228,18 @@ def measure_throughput(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
     )
     dependencies["met"] = _at_least(dependencies["ratio"], 0.9)
     rows.append(dependencies)
+    rows.append(
+        figure(
+            "drain_traced_vs_plain",
+            rate("traced", "drain"),
+            "jobs/s",
+            drain,
+            "jobs/s",
+            "the same drain untraced (here each enqueue under a span, each attempt a span "
+            "handed to the SDK's batch processor)",
+            "report",
+        )
+    )
     return rows
 
 

@@ -171,18 +171,30 @@ def runner_child(args: dict) -> dict:
     from mealquest.extensions import get_store
     from mealquest.jobs.service import get_jobs
 
+    traced = bool(args.get("traced"))
+    if traced:
+        _trace_in_memory()
     app = create_bench_app(
         {
             "DATABASE": args["db"],
             "DB_SYNCHRONOUS": args["synchronous"],
             "JOB_WORKERS": args["workers"],
+            "TRACING": traced,
         }
     )
     jobs, store = get_jobs(app), get_store(app)
     household, n = args["household"], args["jobs"]
     counter.expect(n)
     started = time.perf_counter()
-    if args.get("batches"):
+    if traced:
+        # Each enqueue under a span of its own, as a traced request's is.
+        from opentelemetry import trace
+
+        tracer = trace.get_tracer("bench")
+        for _ in range(n):
+            with tracer.start_as_current_span("POST /api/v1/jobs"):
+                jobs.enqueue("noop", {}, household_id=household)
+    elif args.get("batches"):
         # Batches of nine members and a callback that waits for them: the
         # same n jobs, a tenth of them unblocked by the unblocker.
         from mealquest.jobs.enqueueing import JobRequest
@@ -214,6 +226,19 @@ def runner_child(args: dict) -> dict:
         "other_threads_cpu_seconds": sum(used.values()),
         "drain_cpu_seconds": hub + sum(used.values()),
     }
+
+
+def _trace_in_memory() -> None:
+    """The SDK as deployed (a batch span processor and its export thread),
+    its exporter keeping the spans in memory: what tracing costs the
+    process, not a collector's network."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from mealquest import tracing
+
+    os.environ["OTEL_TRACES_EXPORTER"] = "none"
+    tracing.install_provider().add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
 
 
 def huey_child(args: dict) -> dict:
@@ -272,6 +297,7 @@ CHILDREN = {
     "throughput_raw": raw_child,
     "throughput_runner": runner_child,
     "throughput_runner_batched": lambda args: runner_child({**args, "batches": True}),
+    "throughput_runner_traced": lambda args: runner_child({**args, "traced": True}),
     "huey": huey_child,
     "throughput_minimal": minimal_child,
 }

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from mealquest import admin, cli, errors, health, json_bodies
+from mealquest import admin, cli, errors, health, json_bodies, tracing
 from mealquest.api import bp as api_bp
 from mealquest.config import DEFAULTS, ConfigError, check_config
 from mealquest.extensions import init_store
@@ -44,6 +44,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     configure_logging(app.config["LOG_LEVEL"], app.config["LOG_FORMAT"])
     # First: every other hook's log lines name the request's id.
     middleware.init_app(app)
+    tracing.init_app(app)
     init_store(app)
     jobs_service.init_app(app)
     jobs_live.init_app(app)

@@ -19,9 +19,19 @@ import sys
 import time
 from typing import Any
 
+from opentelemetry import trace
+
 _CONTEXT_KEYS = ("job_id", "kind", "attempt", "household_id", "count", "trace_id")
 _HANDLER_NAME = "mealquest-stderr"
 FORMATS = ("text", "json")
+
+
+def _trace_id(record: logging.LogRecord) -> str | None:
+    """The trace the record was made in (tracing on), unless it names one itself."""
+    if hasattr(record, "trace_id"):
+        return None
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
 
 
 def _request_id() -> str | None:
@@ -42,6 +52,9 @@ class ContextFormatter(logging.Formatter):
         request_id = _request_id()
         if request_id is not None:
             pairs.append(("request_id", request_id))
+        trace_id = _trace_id(record)
+        if trace_id is not None:
+            pairs.append(("trace_id", trace_id))
         context = " ".join(f"{key}={value}" for key, value in pairs)
         return f"{line} [{context}]" if context else line
 
@@ -65,6 +78,9 @@ class JsonFormatter(logging.Formatter):
         request_id = _request_id()
         if request_id is not None:
             entry["request_id"] = request_id
+        trace_id = _trace_id(record)
+        if trace_id is not None:
+            entry["trace_id"] = trace_id
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

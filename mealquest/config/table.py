@@ -288,9 +288,17 @@ SETTINGS: tuple[Setting, ...] = (
         "text",
         rules.lower_one_of("text", "json"),
         "`text`: one readable line per record; `json`: one JSON object per line (`time`, "
-        "`level`, `logger`, `message`, `pid`, and `job_id`, `kind`, `attempt`, `request_id` "
-        "where known), for the service's lines and gunicorn's (its access log too). See "
+        "`level`, `logger`, `message`, `pid`, and `job_id`, `kind`, `attempt`, `request_id`, "
+        "`trace_id` where known), for the service's lines and gunicorn's (its access log too). See "
         "[Monitoring](../operations/monitoring.md#json-logs)",
+    ),
+    Setting(
+        "TRACING",
+        False,
+        rules.flag,
+        "OpenTelemetry traces of requests and of each job's attempts, exported by OTLP "
+        "over HTTP; also on whenever `OTEL_EXPORTER_OTLP_ENDPOINT` is set. See "
+        "[Tracing](../operations/tracing.md)",
     ),
     Setting(
         "JOB_CRON_CATCHUP_SECONDS",

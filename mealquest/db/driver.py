@@ -149,6 +149,15 @@ class JobStatements(Protocol):
         """A job's kept log lines, attempt by attempt, in the order logged."""
         ...
 
+    def add_traceparents(self, tx: Transaction, traces: Sequence[tuple[str, str]], /) -> None:
+        """Keep the W3C `traceparent` each new job was enqueued under (job id, value)."""
+        ...
+
+    def traceparents(self, conn: Reads, job_ids: Sequence[str], /) -> dict[str, str]:
+        """The `traceparent` each of the jobs was enqueued under, by job id (none
+        for a job enqueued with tracing off)."""
+        ...
+
     def transition(self, tx: Transaction, change: Transition, /) -> bool:
         """Move the leased running job out of `running` (fenced)."""
         ...

@@ -21,6 +21,7 @@ from typing import Any
 
 from marshmallow import ValidationError
 
+from mealquest import tracing
 from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
 from mealquest.jobs.registry import Kind, Registry
@@ -223,6 +224,7 @@ def _new_job(request: JobRequest, kind: Kind, payload: str) -> NewJob:
         unique_key=request.unique_key,
         partition_key=kind.partition_key(payload),
         depends_on=tuple(request.depends_on),
+        traceparent=tracing.current_traceparent(),
     )
 
 
@@ -238,8 +240,16 @@ def insert_all(tx: Transaction, jobs: JobStatements, new_jobs: Sequence[NewJob])
             done.append(insert(tx, jobs, run[0]))
         else:
             jobs.insert_jobs(tx, run)
+            _keep_traces(tx, jobs, run)
             done.extend(Enqueued(job.job_id) for job in run)
     return done
+
+
+def _keep_traces(tx: Transaction, jobs: JobStatements, created: Sequence[NewJob]) -> None:
+    """Store the span each created job was enqueued under (`mealquest.tracing`)."""
+    traces = [(job.job_id, job.traceparent) for job in created if job.traceparent is not None]
+    if traces:
+        jobs.add_traceparents(tx, traces)
 
 
 def runs(
@@ -284,6 +294,7 @@ def insert(
     """
     if job.unique_key is None:
         jobs.insert_job(tx, job)
+        _keep_traces(tx, jobs, [job])
         return Enqueued(job.job_id)
     jobs.release_unique_key(
         tx,
@@ -295,6 +306,7 @@ def insert(
     # the look (its window ending just then), and the next insert then wins.
     for _ in range(2):
         if jobs.insert_job(tx, job):
+            _keep_traces(tx, jobs, [job])
             return Enqueued(job.job_id)
         holder = jobs.holder_of_key(tx, household_id=job.household_id, unique_key=job.unique_key)
         if holder is not None:

@@ -311,6 +311,8 @@ class NewJob:
     # Whether it runs only if they all succeed (else it is cancelled), or
     # once they are final whatever their outcomes (a batch's callback).
     needs_success: bool = True
+    # The W3C traceparent of the span it was enqueued under (tracing on).
+    traceparent: str | None = None
 
     @property
     def due_now(self) -> bool:

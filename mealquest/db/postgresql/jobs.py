@@ -593,6 +593,23 @@ def add_log_lines(tx: Transaction, job_id: str, lines: Sequence[LogLine]) -> Non
     )
 
 
+def add_traceparents(tx: Transaction, traces: Sequence[tuple[str, str]]) -> None:
+    if traces:
+        tx.execute(
+            "INSERT INTO job_traces (job_id, traceparent) "
+            "SELECT * FROM unnest(%s::text[], %s::text[])",
+            ([job_id for job_id, _ in traces], [value for _, value in traces]),
+        )
+
+
+def traceparents(conn: Reads, job_ids: Sequence[str]) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT job_id, traceparent FROM job_traces WHERE job_id = ANY(%s::text[])",
+        (list(job_ids),),
+    ).fetchall()
+    return {row["job_id"]: row["traceparent"] for row in rows}
+
+
 def log_lines(conn: Reads, job_id: str) -> list[LogLine]:
     rows = conn.execute(
         "SELECT attempt, line, level, message, logged_at FROM job_logs "

@@ -502,6 +502,25 @@ def add_log_lines(tx: Transaction, job_id: str, lines: Sequence[LogLine]) -> Non
     )
 
 
+def add_traceparents(tx: Transaction, traces: Sequence[tuple[str, str]]) -> None:
+    if traces:
+        # One statement and one parameter however many jobs a bulk enqueue made.
+        tx.execute(
+            "INSERT INTO job_traces (job_id, traceparent) "
+            "SELECT value ->> 0, value ->> 1 FROM json_each(?)",
+            (json.dumps(traces),),
+        )
+
+
+def traceparents(conn: Reads, job_ids: Sequence[str]) -> dict[str, str]:
+    rows = conn.execute(
+        "SELECT job_id, traceparent FROM job_traces "
+        "WHERE job_id IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(job_ids)),),
+    ).fetchall()
+    return {row["job_id"]: row["traceparent"] for row in rows}
+
+
 def log_lines(conn: Reads, job_id: str) -> list[LogLine]:
     rows = conn.execute(
         "SELECT attempt, line, level, message, logged_at FROM job_logs "

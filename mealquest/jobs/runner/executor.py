@@ -19,6 +19,7 @@ from typing import Any
 import gevent
 from marshmallow import ValidationError
 
+from mealquest import tracing
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs import enqueueing
@@ -103,6 +104,7 @@ class Executor:
 
     def start(self, jobs: list[Job], lease_deadline: float) -> None:
         """Run claimed jobs, each in a slot of its own (reserved by the claim)."""
+        traces = self._traceparents(jobs) if self.settings.tracing else {}
         for job in jobs:
             metrics.started(job)
             kind = self.registry.get(job.kind)
@@ -112,6 +114,7 @@ class Executor:
                 job.lease,
                 deadline=time.monotonic() + timeout,
                 lease_deadline=lease_deadline,
+                traceparent=traces.get(job.id),
             )
             self.slots.place(entry, self._execute)
 
@@ -157,6 +160,28 @@ class Executor:
         entry.greenlet.kill(JobCancelled, block=False)
 
     def _execute(self, entry: Running) -> None:
+        if not self.settings.tracing:
+            self._run_and_record(entry)
+            return
+        job = entry.job
+        with tracing.attempt_span(
+            job.kind, job.id, job.attempt, job.household_id, entry.traceparent
+        ) as span:
+            tracing.end_attempt(span, self._run_and_record(entry))
+
+    def _traceparents(self, jobs: list[Job]) -> dict[str, str]:
+        """The spans the claimed jobs were enqueued under, in one read; none if
+        they cannot be read now (each attempt then has a trace of its own:
+        never a reason to hold a job back)."""
+        try:
+            return self.store.read(self.store.jobs.traceparents, [job.id for job in jobs])
+        except Exception as error:
+            logger.warning("could not read the claimed jobs' traces (%s)", type(error).__name__)
+            return {}
+
+    def _run_and_record(self, entry: Running) -> str:
+        """Run the attempt and record its outcome; how it ended, in a word
+        for its span."""
         extra = entry.extra
         if not self._earlier_attempts_ended(entry):
             logger.error("an earlier attempt's handler is still alive; job put back", extra=extra)
@@ -165,14 +190,14 @@ class Executor:
             )
             entry.recording = True
             self.record(entry.lease, outcome, extra)
-            return
+            return "put back"
         try:
             outcome = self._attempt(entry)
         except LeaseLost:
             logger.warning("job lost its lease; its outcome is not recorded", extra=extra)
-            return
+            return "lease lost"
         except PoolStopping:
-            return  # the stopping pool records the job
+            return "pool stopping"  # the stopping pool records the job
         except JobCancelled:
             outcome = CANCELLED
         except Exception:
@@ -185,7 +210,7 @@ class Executor:
             # The handler swallowed the pool's kill and returned: whoever took
             # the job records it.
             logger.warning("handler ended after its job was taken (%s)", entry.taken, extra=extra)
-            return
+            return "taken"
         if entry.cancelled_at is not None:
             # However the handler ended once it was told: the job was cancelled.
             outcome = CANCELLED
@@ -193,18 +218,24 @@ class Executor:
             outcome = replace(outcome, follow_ups=tuple(entry.context.follow_ups))
         entry.recording = True
         if not self.record(entry.lease, outcome, extra):
-            return
+            return "lease lost"
         metrics.attempt_recorded(entry, outcome, self.registry)
         if outcome.to is Status.CANCELLED:
             logger.info("job cancelled", extra=extra)
-        elif outcome.to is Status.SUCCEEDED:
+            return "cancelled"
+        if outcome.to is Status.SUCCEEDED:
             logger.info("job succeeded", extra=extra)
-        elif outcome.snoozed:
+            return "succeeded"
+        if outcome.snoozed:
             logger.info("job snoozed for %.1fs", outcome.delay_seconds or 0.0, extra=extra)
-        elif outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
+            return "snoozed"
+        if outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
             logger.info("job re-queued for attempt %d", entry.job.attempt + 1, extra=extra)
-        elif outcome.to is Status.QUEUED:
+            return "retried"
+        if outcome.to is Status.QUEUED:
             logger.warning("job re-queued, its attempt not spent", extra=extra)
+            return "put back"
+        return "failed"
 
     def _keep_log(self, entry: Running) -> None:
         """Store the lines the handler logged (`ctx.log`) with its attempt,

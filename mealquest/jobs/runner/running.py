@@ -29,6 +29,8 @@ class Running:
     lease: Lease
     deadline: float
     lease_deadline: float
+    # The W3C traceparent the job was enqueued under (tracing on).
+    traceparent: str | None = None
     greenlet: Greenlet | None = None
     # The handler's context, once its attempt began (what it enqueued, and
     # whether one of its writes found the lease gone).

@@ -40,6 +40,8 @@ class PoolSettings:
     cron_catchup_seconds: float = DEFAULTS["JOB_CRON_CATCHUP_SECONDS"]
     # How many times a job may be snoozed; the next snooze fails it.
     max_snoozes: int = DEFAULTS["JOB_MAX_SNOOZES"]
+    # Each attempt a span (`mealquest.tracing`); off, attempts read no trace.
+    tracing: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -84,4 +86,5 @@ class PoolSettings:
             max_blocking_seconds=float(config["JOB_MAX_BLOCKING_SECONDS"]),
             cron_catchup_seconds=float(config["JOB_CRON_CATCHUP_SECONDS"]),
             max_snoozes=int(config["JOB_MAX_SNOOZES"]),
+            tracing=bool(config.get("TRACING", False)),
         )
