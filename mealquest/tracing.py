@@ -114,6 +114,14 @@ def current_trace_id() -> str | None:
     return format(span_context.trace_id, "032x") if span_context.is_valid else None
 
 
+def trace_id_of(traceparent: str) -> str | None:
+    """The trace id a stored `traceparent` names (32 hex digits), or None."""
+    span_context = trace.get_current_span(
+        _PROPAGATOR.extract({"traceparent": traceparent}, context=Context())
+    ).get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
+
+
 @contextlib.contextmanager
 def attempt_span(
     kind: str, job_id: str, attempt: int, household_id: int, traceparent: str | None

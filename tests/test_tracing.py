@@ -28,8 +28,10 @@ from mealquest.jobs import JobRequest
 from mealquest.jobs.service import get_jobs
 from mealquest.logs import JsonFormatter
 from mealquest.model.jobs import Status
+from mealquest.operators import create_operator
 from tests.conftest import wait_for
 from tests.support.pages import PageServer, Reply, recipe_page
+from tests.test_admin import SECRET_KEY, signed_in
 from tests.test_recipe_import import FETCH_CONFIG, finished, import_url
 
 pytestmark = pytest.mark.both_databases
@@ -117,9 +119,9 @@ def request_span(spans: InMemorySpanExporter, method: str, route: str) -> Readab
 
 
 def test_an_import_is_one_trace_from_its_post_through_a_retried_attempt(
-    start, pages, auth, household, spans, json_lines
+    start, pages, auth, household, spans, json_lines, store
 ):
-    app = start(TRACING=True)
+    app = start(TRACING=True, DASHBOARD=True, SECRET_KEY=SECRET_KEY)
     client = app.test_client()
     pages.add("/flaky", Reply(status=503, body=b"busy"), Reply(body=recipe_page()))
 
@@ -154,6 +156,20 @@ def test_an_import_is_one_trace_from_its_post_through_a_retried_attempt(
     of_the_job = [line for line in lines if line.get("job_id") == job_id]
     assert {"job re-queued for attempt 2", "job succeeded"} <= {x["message"] for x in of_the_job}
     assert {line.get("trace_id") for line in of_the_job} == {trace_id}
+
+    # Operators find the trace from the job: `flask jobs show` and its page.
+    shown = json.loads(app.test_cli_runner().invoke(args=["jobs", "show", job_id]).output)
+    assert shown["trace_id"] == trace_id
+    client_of_operator, _ = signed_in(app, create_operator(store, "Ada").token)
+    page = client_of_operator.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
+    assert f"Trace: <code>{trace_id}</code>" in page
+
+    # A long poll's and a stream's requests are spans too.
+    assert client.get(f"/api/v1/jobs/{job_id}?wait=1", headers=auth).status_code == 200
+    stream = client.get(f"/api/v1/jobs/{job_id}/events", headers=auth)
+    assert "event: end" in stream.get_data(as_text=True)
+    served = {span.name for span in spans.get_finished_spans() if span.kind is SpanKind.SERVER}
+    assert {"GET /api/v1/jobs/<job_id>", "GET /api/v1/jobs/<job_id>/events"} <= served
 
 
 def test_follow_ups_and_a_batchs_members_continue_the_trace(app_with_pool, household, spans):

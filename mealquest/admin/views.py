@@ -195,6 +195,7 @@ def job(job_id: str) -> ResponseReturnValue:
             for line in get_jobs().log_lines(found.id)
         ],
         waiting=why_waiting(get_store(), get_jobs().registry, found),
+        trace_id=get_jobs().trace_id(found.id),
         retryable=found.status in ("failed", "cancelled"),
         cancellable=found.status in (Status.QUEUED, Status.RUNNING),
         deletable=found.status != Status.RUNNING,

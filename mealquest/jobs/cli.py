@@ -111,14 +111,23 @@ def jobs_show(job_id: str) -> None:
     job = jobs.get(job_id)
     if job is None:
         raise click.ClickException(f"no job {job_id}")
-    _echo_job(job, log=[line.__dict__ for line in jobs.log_lines(job_id)])
+    _echo_job(
+        job,
+        log=[line.__dict__ for line in jobs.log_lines(job_id)],
+        trace_id=jobs.trace_id(job_id),
+    )
 
 
-def _echo_job(job: Job, *, log: list[dict[str, Any]] | None = None) -> None:
-    """The job as JSON, masked; with `log`, the lines its handler logged."""
+def _echo_job(
+    job: Job, *, log: list[dict[str, Any]] | None = None, trace_id: str | None = None
+) -> None:
+    """The job as JSON, masked; with `log`, the lines its handler logged; with
+    `trace_id`, the trace it was enqueued in."""
     row = {**job.__dict__, "status": job.status.value, "payload": _decoded(job.payload)}
     if log is not None:
         row["log"] = log
+    if trace_id is not None:
+        row["trace_id"] = trace_id
     click.echo(json.dumps(mask(row), indent=2, sort_keys=True))
 
 

@@ -15,6 +15,7 @@ import gevent
 from flask import Flask, current_app
 from marshmallow import ValidationError
 
+from mealquest import tracing
 from mealquest.db import migrations
 from mealquest.db.driver import Store, Transaction
 from mealquest.db.errors import (
@@ -426,6 +427,12 @@ class JobService:
         """The lines the job's handler logged (`ctx.log`), attempt by attempt:
         for operators only, never in a household's answer."""
         return self.store.read(self.store.jobs.log_lines, job_id)
+
+    def trace_id(self, job_id: str) -> str | None:
+        """The id of the trace the job was enqueued in (tracing on), for
+        operators to find its spans; None if it was enqueued untraced."""
+        traceparent = self.store.read(self.store.jobs.traceparents, [job_id]).get(job_id)
+        return None if traceparent is None else tracing.trace_id_of(traceparent)
 
     def get_with_token(self, job_id: str, token_sha256: str) -> tuple[Household, Job | None] | None:
         """The household of a live token (by digest) with its job of that id, in
