@@ -67,6 +67,13 @@ class JobContext:
         self._is_cancelled = is_cancelled
 
     @property
+    def claim(self) -> str:
+        """The claim this attempt runs under (its lease's owner): another run of
+        the same job, even of the same attempt number, has another, so a
+        system the handler writes to can tell two runs apart."""
+        return self._lease.owner
+
+    @property
     def cancelled(self) -> bool:
         """Whether the job was cancelled while it ran. A cooperative handler
         checks it between steps and returns (or raises) as soon as it is True:

@@ -164,7 +164,7 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         gevent.sleep(payload["seconds"])
     fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, f"{ctx.job_id} {os.getpid()}\n".encode())
+        os.write(fd, f"{ctx.job_id} {os.getpid()} {ctx.claim}\n".encode())
     finally:
         os.close(fd)
     return {}
