@@ -9,7 +9,9 @@ lose). Meanwhile faults come in turn: a web worker killed (`kill -9`), the
 and started again, and on PostgreSQL the service's backends terminated
 (`pg_terminate_backend`) and the server restarted `fast` and `immediate`
 (a private server of the test's own), and through PgBouncer in transaction
-mode, PgBouncer killed (`kill -9`) and started again too.
+mode, PgBouncer killed (`kill -9`) and started again too; on SQLite, its
+file system filled to the last byte (a small tmpfs, as root) until the
+service has answered `503`, then freed.
 
 Then every job whose enqueue was answered (`202`, or `200` for a repeat of
 its `Idempotency-Key`) must end `succeeded` exactly once: lost 0; run twice 0,
@@ -60,12 +62,16 @@ from tests.support.servers import (
     serving_env,
     wait_until,
 )
+from tests.support.small_disk import SmallDisk
 
 # Rounds of the fault sequence; `scripts/chaos --long` raises it.
 ROUNDS = int(os.environ.get("MQ_CHAOS_ROUNDS", "1"))
 HOUSEHOLDS = 3
 # What a process logs when a job's fenced outcome write finds the lease gone.
 LEASE_LOST = "job was no longer ours when its outcome was recorded"
+# SQLite's own file system: room for every round's jobs, and little enough
+# to fill in a moment.
+DISK_BYTES = 64 * 1024 * 1024
 # Deadlines for a loaded machine; a run that works meets them at once.
 DEADLINE = 120.0
 pytestmark = pytest.mark.timeout(300 + 240 * ROUNDS)
@@ -79,14 +85,24 @@ class Served:
     database: dict[str, Any]
     server: PrivateServer | None = None
     bouncer: str | None = None  # its directory, for `scripts/pgbouncer`
+    # SQLite's file system, which the test fills to the last byte (as root).
+    disk: SmallDisk | None = None
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "pgbouncer"])
 def chaos_database(request, tmp_path: Path) -> Iterator[Served]:
     if request.param == "sqlite":
-        path = str(tmp_path / "mealquest.sqlite3")
-        sqlite_migrate.upgrade(path)
-        yield Served({"DATABASE": path})
+        try:
+            disk = SmallDisk(tmp_path / "disk", DISK_BYTES)
+        except (OSError, subprocess.CalledProcessError):
+            disk = None  # not root: every fault but the full disk
+        try:
+            path = str((disk.path if disk else tmp_path) / "mealquest.sqlite3")
+            sqlite_migrate.upgrade(path)
+            yield Served({"DATABASE": path}, disk=disk)
+        finally:
+            if disk is not None:
+                disk.unmount()
         return
     require_postgres_url()
     if request.param == "pgbouncer":
@@ -202,7 +218,7 @@ def runs(ledger: Path) -> dict[str, list[int]]:
     seen: dict[str, list[int]] = collections.defaultdict(list)
     if ledger.exists():
         for line in ledger.read_text().splitlines():
-            job_id, pid = line.split()
+            job_id, pid = line.split()[:2]
             seen[job_id].append(int(pid))
     return seen
 
@@ -312,6 +328,22 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
                 began = time.monotonic()
                 run_script("pgbouncer", "crash", served.bouncer)
                 settle("PgBouncer killed and started again", began)
+            if served.disk is not None:
+                # The disk full to the last byte while households post and
+                # jobs run, until the service has answered some of it `503`;
+                # then freed.
+                began = time.monotonic()
+                refused = tally.statuses[503]
+                served.disk.fill()
+                try:
+                    wait_until(
+                        lambda refused=refused: tally.statuses[503] > refused,
+                        DEADLINE,
+                        "a full disk got no 503",
+                    )
+                finally:
+                    served.disk.free()
+                settle("the disk full, then freed", began)
 
         stop.set()
         for client in clients:
