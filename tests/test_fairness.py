@@ -711,7 +711,9 @@ def test_a_claim_under_partition_limits_reads_no_table_whole_with_1000_partition
 
     plans, rows = explained(limited)
     if store.name == "postgresql":
-        assert rows <= 40, rows
+        # The plans in the message: this failed once in a full run (2,002
+        # rows read) and never alone; what the planner chose then is the clue.
+        assert rows <= 40, (rows, plans)
         # A handful of paused kinds is read whole, as it should be, and the
         # test's few households (for the suspended ones: the planner reads a
         # table of one page whole rather than through its partial index);
