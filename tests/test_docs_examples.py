@@ -123,3 +123,50 @@ def test_the_guides_route_checks_its_body_and_is_in_the_openapi_document(app, au
     operation = document["paths"]["/api/v1/recipe-scalings"]["post"]
     assert operation["summary"] == "Scale one of the household's recipes to a number of servings."
     assert {"202", "200", "400", "422", "429"} <= set(operation["responses"])
+
+
+def test_the_getting_started_page_imports_as_the_guide_shows(make_app):
+    # Getting started imports docs/examples/tomato-soup.html, served from the
+    # docs folder as it says: the recipe its answer shows. An app of its
+    # own (this module's runs a pool that may not read private addresses).
+    from tests.support.pages import PageServer
+
+    pages = PageServer().start()
+    try:
+        pages.page("/tomato-soup.html", (EXAMPLES / "tomato-soup.html").read_bytes())
+        app = make_app(ALLOW_PRIVATE_URLS=True)
+        get_jobs(app).start_pool()
+        token = create_household(get_store(app), "Home").token
+        auth = {"Authorization": f"Bearer {token}"}
+        client = app.test_client()
+        posted = client.post(
+            "/api/v1/recipe-imports", json={"url": pages.url("/tomato-soup.html")}, headers=auth
+        )
+        assert posted.status_code == 202, posted.get_json()
+        job_id = posted.get_json()["id"]
+        job = wait_for(
+            lambda: (
+                (found := client.get(f"/api/v1/jobs/{job_id}", headers=auth).get_json())["status"]
+                in ("succeeded", "failed")
+                and found
+            )
+        )
+    finally:
+        pages.stop()
+    assert job["status"] == "succeeded", job
+    recipe = job["result"]["recipe"]
+    assert (recipe["title"], recipe["yields"], recipe["total_time_minutes"]) == (
+        "Tomato soup",
+        "4 servings",
+        30,
+    )
+    assert recipe["ingredients"] == [
+        "1 kg tomatoes",
+        "1 onion",
+        "2 tbsp olive oil",
+        "500 ml vegetable stock",
+    ]
+    assert recipe["instructions"] == [
+        "Soften the onion in the oil.",
+        "Add the tomatoes and stock; simmer 20 minutes, then blend.",
+    ]
