@@ -12,7 +12,6 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from flask import Flask
@@ -30,9 +29,14 @@ from mealquest.logs import JsonFormatter
 from mealquest.model.jobs import Status
 from mealquest.operators import create_operator
 from tests.conftest import wait_for
-from tests.support.pages import PageServer, Reply, recipe_page
+from tests.support.pages import Reply, recipe_page
 from tests.test_admin import SECRET_KEY, signed_in
-from tests.test_recipe_import import FETCH_CONFIG, finished, import_url
+from tests.test_recipe_import import (  # noqa: F401 - the fixtures `pages` and `start`
+    finished,
+    import_url,
+    pages,
+    start,
+)
 
 pytestmark = pytest.mark.both_databases
 
@@ -62,23 +66,6 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 def spans(exporter: InMemorySpanExporter) -> InMemorySpanExporter:
     exporter.clear()
     return exporter
-
-
-@pytest.fixture
-def pages() -> Iterator[PageServer]:
-    server = PageServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def start(make_app: Callable[..., Flask]) -> Callable[..., Flask]:
-    def start(**config: Any) -> Flask:
-        app = make_app(**{"ALLOW_PRIVATE_URLS": True, **FETCH_CONFIG, **config})
-        get_jobs(app).start_pool()
-        return app
-
-    return start
 
 
 @pytest.fixture
@@ -119,7 +106,13 @@ def request_span(spans: InMemorySpanExporter, method: str, route: str) -> Readab
 
 
 def test_an_import_is_one_trace_from_its_post_through_a_retried_attempt(
-    start, pages, auth, household, spans, json_lines, store
+    start,  # noqa: F811 - the fixture imported above
+    pages,  # noqa: F811
+    auth,
+    household,
+    spans,
+    json_lines,
+    store,
 ):
     app = start(TRACING=True, DASHBOARD=True, SECRET_KEY=SECRET_KEY)
     client = app.test_client()
@@ -215,7 +208,11 @@ def app_with_pool(make_app: Callable[..., Flask]) -> Flask:
 
 
 def test_with_tracing_off_nothing_is_stored_and_no_attempt_is_a_span(
-    start, pages, auth, spans, json_lines
+    start,  # noqa: F811 - the fixture imported above
+    pages,  # noqa: F811
+    auth,
+    spans,
+    json_lines,
 ):
     app = start()
     assert app.config["TRACING"] is False
