@@ -371,3 +371,27 @@ def test_the_unblocker_outlives_a_pass_the_database_refused(
     pool = jobs.pool
     assert pool is not None
     assert not pool.roles["unblocker"].dead  # the role never died
+
+
+def test_a_pass_given_the_jobs_that_ended_resolves_only_what_waits_for_them(
+    make_app, store, household
+):
+    # What the unblocker runs at each completion: the dependencies on the
+    # jobs that ended, not every one still waiting (those wait for a full
+    # pass, at the latest `interval_seconds` later).
+    jobs = get_jobs(make_app())  # no pool: the passes are this test's
+    hid = household.household_id
+    first, second = (jobs.enqueue("succeed", {"value": v}, household_id=hid) for v in (1, 2))
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'succeeded', attempt = 1, started_at = updated_at, "
+        "finished_at = updated_at",
+    )
+    waits_first = jobs.enqueue("succeed", {"value": 3}, household_id=hid, depends_on=[first])
+    waits_second = jobs.enqueue("succeed", {"value": 4}, household_id=hid, depends_on=[second])
+
+    targeted = store.write(store.batches.resolve_dependencies, limit=100, depends_on=[first])
+    assert (targeted.due, targeted.resolved) == ((waits_first,), 1)
+    assert store.write(store.batches.resolve_dependencies, limit=100, depends_on=[]).resolved == 0
+    full = store.write(store.batches.resolve_dependencies, limit=100)
+    assert (full.due, full.resolved) == ((waits_second,), 1)

@@ -733,8 +733,11 @@ class BatchStatements(Protocol):
         """Delete the household's batches (an erasure: its jobs go too); how many."""
         ...
 
-    def resolve_dependencies(self, tx: Transaction, /, *, limit: int) -> Unblocked:
-        """One pass of the unblocker: dependencies on final jobs resolved, the
+    def resolve_dependencies(
+        self, tx: Transaction, /, *, limit: int, depends_on: Sequence[str] | None = None
+    ) -> Unblocked:
+        """One pass of the unblocker: dependencies on final jobs resolved (only
+        those on the jobs of `depends_on`, through its index, when given), the
         jobs waiting for them made due or cancelled."""
         ...
 

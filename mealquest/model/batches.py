@@ -108,3 +108,5 @@ class Unblocked:
     due: tuple[str, ...] = ()
     cancelled: tuple[str, ...] = ()
     resolved: int = 0
+    # Another process's pass was under way (PostgreSQL): this one did nothing.
+    busy: bool = False

@@ -189,19 +189,23 @@ def delete_household_batches(tx: Transaction, household_id: int, *, limit: int) 
     ).rowcount
 
 
-def resolve_dependencies(tx: Transaction, *, limit: int) -> Unblocked:
+def resolve_dependencies(
+    tx: Transaction, *, limit: int, depends_on: Sequence[str] | None = None
+) -> Unblocked:
     """One pass of the unblocker, as SQLite's `resolve_dependencies`; a pass
-    that finds another process's under way does nothing (that one does it)."""
+    that finds another process's under way does nothing and says so (`busy`:
+    that one may not be looking at the same jobs)."""
     locked = tx.execute(
         "SELECT pg_try_advisory_xact_lock(%(key)s) AS locked", {"key": _UNBLOCKER_LOCK}
     ).fetchone()
     if not locked["locked"]:
-        return Unblocked()
+        return Unblocked(busy=True)
+    only = "" if depends_on is None else "AND d.depends_on = ANY(%(depends_on)s::text[]) "
     rows = tx.execute(
         "SELECT d.job_id, d.depends_on, d.needs_success, j.status "
         "FROM job_dependencies d LEFT JOIN jobs j ON j.id = d.depends_on "
-        f"WHERE j.id IS NULL OR j.status IN {_FINAL} LIMIT %(limit)s",
-        {"limit": limit},
+        f"WHERE (j.id IS NULL OR j.status IN {_FINAL}) {only}LIMIT %(limit)s",
+        {"limit": limit, "depends_on": None if depends_on is None else list(depends_on)},
     ).fetchall()
     if not rows:
         return Unblocked()

@@ -181,7 +181,9 @@ def delete_household_batches(tx: Transaction, household_id: int, *, limit: int) 
     ).rowcount
 
 
-def resolve_dependencies(tx: Transaction, *, limit: int) -> Unblocked:
+def resolve_dependencies(
+    tx: Transaction, *, limit: int, depends_on: Sequence[str] | None = None
+) -> Unblocked:
     """One pass of the unblocker over up to `limit` dependencies whose job is
     final (or gone): each such row is deleted; a waiting job one of whose
     needed jobs did not succeed (or any of whose jobs is gone) is cancelled
@@ -190,11 +192,15 @@ def resolve_dependencies(tx: Transaction, *, limit: int) -> Unblocked:
 
     A job cancelled here may be another's dependency: the next pass sees it.
     On SQLite one writer at a time runs this, so two passes never race."""
+    # Given the jobs that ended, only their dependents' rows, by the index on
+    # `depends_on`: a pass per completion then costs what ended, not every
+    # dependency still waiting.
+    only = "" if depends_on is None else "AND d.depends_on IN (SELECT value FROM json_each(?)) "
     rows = tx.execute(
         "SELECT d.job_id, d.depends_on, d.needs_success, j.status "
         "FROM job_dependencies d LEFT JOIN jobs j ON j.id = d.depends_on "
-        f"WHERE j.id IS NULL OR j.status IN {_FINAL} LIMIT ?",
-        (limit,),
+        f"WHERE (j.id IS NULL OR j.status IN {_FINAL}) {only}LIMIT ?",
+        (limit,) if depends_on is None else (json.dumps(list(depends_on)), limit),
     ).fetchall()
     if not rows:
         return Unblocked()

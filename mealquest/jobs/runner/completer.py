@@ -100,7 +100,7 @@ class Completer:
         hand_out: HandOut,
         claim_lost: Callable[[str], None],
         wake: Callable[[], None],
-        ended: Callable[[], None] = lambda: None,
+        ended: Callable[[list[str]], None] = lambda job_ids: None,
     ) -> None:
         self.store = store
         self.slots = slots
@@ -209,7 +209,13 @@ class Completer:
             ):
                 self._wake()
             if any(recorded):
-                self._ended()
+                self._ended(
+                    [
+                        pending.lease.job_id
+                        for pending, matched in zip(batch, recorded, strict=True)
+                        if matched
+                    ]
+                )
             # Still reserved: starting may wait for the finishing greenlets to
             # leave their slots, and the producer must not claim these meanwhile.
             if claim is not None:

@@ -116,7 +116,7 @@ class Pool:
             hand_out=lambda jobs, claimed_at: self.producer.hand_out(jobs, claimed_at),
             claim_lost=lambda owner: self.producer.claim_lost(owner),
             wake=self.wake,
-            ended=lambda: self.unblocker.nudge(),
+            ended=lambda job_ids: self.unblocker.nudge(job_ids),
         )
         self.executor = Executor(store, registry, self.settings, self.slots, self.completer.record)
         self.producer = Producer(
