@@ -651,6 +651,22 @@ def test_delete_removes_a_job_that_is_not_running(
     assert admin_jobs.get(running) is not None
 
 
+def test_a_live_refresh_leaves_the_flashed_answer_to_the_page_being_loaded(
+    admin_app, admin_jobs, some_household, operator
+):
+    # A job's page refreshes itself at each event of its stream, and a cancel
+    # makes one: the refresh that raced the click's redirect took its
+    # message (a browser test saw "Cancel requested" never shown, under load).
+    queued = enqueue(admin_jobs, some_household)
+    client, _ = signed_in(admin_app, operator.token)
+    post(client, f"/admin/jobs/{queued}/cancel", f"/admin/jobs/{queued}")
+    refreshed = client.get(f"/admin/jobs/{queued}", headers={"X-Live-Refresh": "1"})
+    assert 'id="live"' in refreshed.get_data(as_text=True)
+    assert 'id="flash"' not in refreshed.get_data(as_text=True)
+    loaded = client.get(f"/admin/jobs/{queued}").get_data(as_text=True)
+    assert 'id="flash"' in loaded
+
+
 def test_cancel_cancels_a_queued_job_and_refuses_a_finished_one(
     admin_app, admin_store, admin_jobs, some_household, operator, logs
 ):

@@ -19,7 +19,14 @@
   // Fetch the page and swap its live part in; then `next` (if any).
   function refresh(next) {
     var asked = ++latest;
-    fetch(window.location.href, { credentials: "same-origin", redirect: "manual" })
+    // Marked as a refresh: the server leaves a flashed message for the page
+    // the browser is loading (a click's answer), which would lose it to a
+    // refresh that an event started just then.
+    fetch(window.location.href, {
+      credentials: "same-origin",
+      redirect: "manual",
+      headers: { "X-Live-Refresh": "1" },
+    })
       .then(function (response) {
         if (!response.ok) { window.location.reload(); return null; }
         return response.text();
