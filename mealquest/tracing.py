@@ -108,12 +108,6 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-def current_trace_id() -> str | None:
-    """The id of the trace current here (32 hex digits), for log lines; or None."""
-    span_context = trace.get_current_span().get_span_context()
-    return format(span_context.trace_id, "032x") if span_context.is_valid else None
-
-
 def trace_id_of(traceparent: str) -> str | None:
     """The trace id a stored `traceparent` names (32 hex digits), or None."""
     span_context = trace.get_current_span(

@@ -121,6 +121,12 @@ def statuses(app: Flask, ids: list[str]) -> dict[str, Any] | None:
         return None
 
 
+def ended(app: Flask, ids: list[str]) -> dict[str, Any] | None:
+    """Each job's status once every one is final; None until then."""
+    found = statuses(app, ids)
+    return found if found and set(found.values()) <= FINAL else None
+
+
 def healthz(app: Flask) -> int:
     return app.test_client().get("/healthz").status_code
 
@@ -144,10 +150,7 @@ def test_a_failover_to_a_synchronous_standby_loses_no_job_and_runs_none_twice(se
         after = [enqueue(app, household, ledger, 0.0) for _ in range(10)]
 
         ids = before + after
-        done = wait_for(
-            lambda: (found := statuses(app, ids)) and set(found.values()) <= FINAL and found,
-            timeout=RECOVERY,
-        )
+        done = wait_for(lambda: ended(app, ids), timeout=RECOVERY)
         assert set(done.values()) == {Status.SUCCEEDED}, done
         ran = runs(ledger)
         assert set(ran) == set(ids)
@@ -223,10 +226,7 @@ def test_a_failover_to_an_asynchronous_standby_loses_exactly_what_it_had_not_rec
         after = [enqueue(app, household, ledger, 0.0, kind) for _ in range(10)]
 
         ids = received + after
-        done = wait_for(
-            lambda: (found := statuses(app, ids)) and set(found.values()) <= FINAL and found,
-            timeout=RECOVERY,
-        )
+        done = wait_for(lambda: ended(app, ids), timeout=RECOVERY)
         assert set(done.values()) == {Status.SUCCEEDED}, done
         # Lost: exactly the jobs the standby never received, each run once
         # on the old primary and unknown to the new one.
