@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import gevent
+import psycopg
 import pytest
 from marshmallow import Schema, ValidationError, fields, post_load
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.errors import StoreUnavailable
+from mealquest.db.postgresql.jobs import _CAP_LOCK_CLASS as _CAP_LOCK
 from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
@@ -188,6 +191,67 @@ def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
 
     assert not pool.slots.claims_in_flight()
     assert wait_for(lambda: final(jobs, job_id), timeout=5).result == {"value": 5}
+
+
+def _terminate_the_claim_waiting_for(url: str, terminated: list[int]) -> None:
+    """Terminate the backend that waits for an advisory lock (a claim), once
+    one does. A native thread: in this process the claim's wait holds the hub."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            row = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event = 'advisory' AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if row is not None:
+                admin.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                terminated.append(row[0])
+                return
+            time.sleep(0.01)
+
+
+def test_a_claim_whose_connection_was_terminated_claims_again_at_the_next_commit(
+    make_app, database, household
+):
+    # The chaos harness's stall: a claim whose backend was killed waited out
+    # the whole poll interval, so another process's jobs started only then.
+    # Here the poll is far beyond the test's deadline: only the next commit
+    # another process makes can start the jobs in time.
+    if "DATABASE_URL" not in database:
+        pytest.skip("an SQLite connection is not the server's to terminate")
+    app = make_app(JOB_WORKERS=2, JOB_POLL_SECONDS=600.0)
+    jobs, store = get_jobs(app), get_store(app)
+    pool = idle_pool(jobs, household)
+    url = database["DATABASE_URL"]
+    terminated: list[int] = []
+    with psycopg.connect(url) as holder:
+        # A claim takes this lock when a registered kind has a deployment cap
+        # (`capped_deployment`): held here, it holds the claim in flight.
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext('capped_deployment'))", (_CAP_LOCK,)
+        )
+        terminator = threading.Thread(
+            target=_terminate_the_claim_waiting_for, args=(url, terminated)
+        )
+        terminator.start()
+        # Committed as another process would, without waking the pool: its
+        # listener (or, through PgBouncer, its poll for changes) starts the claim.
+        first = enqueueing.prepare(
+            jobs.registry, "succeed", {"value": 1}, household_id=household.household_id
+        )
+        store.write(store.jobs.insert_job, first)
+        wait_for(lambda: terminated)
+        terminator.join()
+        wait_for(lambda: not pool.slots.claims_in_flight())
+        holder.rollback()
+
+    second = enqueueing.prepare(
+        jobs.registry, "succeed", {"value": 2}, household_id=household.household_id
+    )
+    store.write(store.jobs.insert_job, second)
+    for job in (first, second):
+        done = wait_for(lambda job=job: final(jobs, job.job_id), timeout=30)
+        assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
 
 
 def test_partial_results_are_visible_while_running_then_the_final_one(jobs, household):
