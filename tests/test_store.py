@@ -20,7 +20,9 @@ from mealquest.db.errors import (
 from mealquest.db.sqlite import migrate
 from mealquest.db.sqlite.store import _CHECKPOINT_AFTER_WRITES, SqliteStore
 from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs
 from tests.conftest import wait_for
+from tests.support import sql
 from tests.support.sqlite_lock import LockHolder
 
 NOW = "2025-01-01T00:00:00.000000Z"
@@ -241,6 +243,68 @@ def test_a_lock_held_past_the_deadline_is_store_unavailable(make_app, lock_holde
     lock_holder.release()
     store.write(insert_household, "after")
     assert household_names(store) == ["before", "after"]
+
+
+def test_a_single_enqueue_is_written_on_the_hub_only_while_nothing_could_make_it_wait(
+    make_app, household, lock_holder
+):
+    app = make_app(DB_BUSY_TIMEOUT_SECONDS=60.0)
+    jobs, store = get_jobs(app), get_store(app)
+
+    def enqueue(value: int) -> str:
+        return jobs.enqueue("succeed", {"value": value}, household_id=household.household_id)
+
+    made = [enqueue(0)]  # the writer thread's first write
+    made.append(enqueue(1))
+    assert store.hub_writes == 1
+
+    # Another process holds the lock: the enqueue waits in the writer thread,
+    # the hub free meanwhile, and is made once the lock goes.
+    lock_holder.hold()
+    with Ticker() as ticker:
+        waiting = gevent.spawn(enqueue, 2)
+        wait_for(lambda: ticker.ticks >= 20)
+        assert not waiting.ready()
+        lock_holder.release()
+        made.append(waiting.get(timeout=30))
+
+    # The writer thread busy with a write of ours: the enqueue queues behind
+    # it (and commits with the writes grouped there), never beside it.
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(tx):
+        holding.set()
+        release.wait(30)  # natively, in the writer thread
+
+    holder = gevent.spawn(store.write, hold)
+    wait_for(holding.is_set)
+    behind = gevent.spawn(enqueue, 3)
+    gevent.sleep(0.05)
+    assert not behind.ready()
+    release.set()
+    holder.get(timeout=10)
+    made.append(behind.get(timeout=10))
+
+    assert store.hub_writes == 1
+    made.append(enqueue(4))  # the lock free again: on the hub
+    assert store.hub_writes == 2
+    assert sorted(row["id"] for row in sql.rows(store, "SELECT id FROM jobs")) == sorted(made)
+
+
+def test_writes_on_the_hub_are_checkpointed_by_the_writer_thread(make_app, household):
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    for _ in range(_CHECKPOINT_AFTER_WRITES):
+        store.write(lambda tx: tx.execute("SELECT 1"))
+    # The thread checkpointed in its pause, and sleeps until a call comes.
+    wait_for(lambda: store._writes_since_checkpoint == 0)
+
+    for value in range(_CHECKPOINT_AFTER_WRITES):
+        jobs.enqueue("succeed", {"value": value}, household_id=household.household_id)
+
+    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES
+    # No call came, yet it checkpoints again, as after its own writes.
+    wait_for(lambda: store._writes_since_checkpoint == 0)
 
 
 def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_path):

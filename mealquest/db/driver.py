@@ -801,6 +801,14 @@ class Store(Protocol):
         switch and a deadline bounds every wait."""
         ...
 
+    def write_now(
+        self, fn: Callable[Concatenate[Transaction, P], T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """`write`, for a short write its caller waits for (a single enqueue):
+        a driver may run it on the calling thread when nothing can make it
+        wait there. `fn` may run more than once, as a retried write's may."""
+        ...
+
     def read(
         self, fn: Callable[Concatenate[Reads, P], T], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:

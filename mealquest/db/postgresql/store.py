@@ -368,6 +368,16 @@ class PostgresStore:
             callback()
         return result
 
+    def write_now(
+        self,
+        fn: Callable[Concatenate[Transaction, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """`write`: a PostgreSQL write already runs on the calling greenlet."""
+        return self.write(fn, *args, **kwargs)
+
     def read(
         self,
         fn: Callable[Concatenate[Reads, P], T],

@@ -134,6 +134,16 @@ class WriterThread:
             raise value
         return value
 
+    def idle_for_this_hub(self) -> bool:
+        """Whether no call is queued or running and the caller is this writer's
+        hub's thread: a write made there now meets no write of ours."""
+        return not self._pending and self.died is None and get_hub() is self._hub
+
+    def nudge(self) -> None:
+        """Have the idle task run at the thread's next pause, though no call
+        came (writes made elsewhere, on the hub, want their checkpoint)."""
+        self._wake()
+
     def stop(self) -> None:
         """End the thread once the calls queued so far have run; the caller has
         no call in flight (their results could no longer be delivered)."""
