@@ -84,6 +84,14 @@ class StandingReads(Protocol):
         """The household's first `most` due queued jobs in claim order (id, priority)."""
         ...
 
+    def household_ahead(self, conn: Reads, job_id: str, now: str, most: int, /) -> int:
+        """A lower bound, counted up to `most`, of the household's due jobs
+        ahead of its queued job `job_id` in claim order: those due no later
+        than it (the walk of its queue index stops at the job's own due
+        time), so it reads about `most` rows however long the queue behind
+        or ahead; 0 once the job is no longer queued."""
+        ...
+
     def due_count(self, conn: Reads, now: str, most: int, household_id: int | None, /) -> int:
         """Due queued jobs (the household's, with one), counted up to `most`."""
         ...
@@ -136,6 +144,12 @@ def standings(
     targets: list[tuple[Job, int, int]] = []
     for job in queued:
         if job.run_at > now:
+            continue
+        if reads.household_ahead(conn, job.id, now, at_most) >= at_most:
+            # Behind at least that many of its own household's (a job just
+            # posted behind a long queue): its place says the bound, and the
+            # household's whole queue is not read to say so.
+            found[job.id] = (at_most, at_most)
             continue
         due = households.get(job.household_id)
         if due is None:

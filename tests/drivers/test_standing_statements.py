@@ -292,6 +292,58 @@ def test_a_position_past_the_bound_says_the_bound(store, household):
     assert standing(store, made[2], at_most=3).position == 2
 
 
+def test_a_job_behind_the_bound_in_its_household_says_the_bound_whatever_the_priorities(
+    store, household
+):
+    made = [enqueue(store, household) for _ in range(8)]
+    # Two of them, and one more made later, of a better priority: ahead of
+    # every job of the default one.
+    urgent = [*made[1:3], enqueue(store, household)]
+    for job_id in urgent:
+        sql.execute(store, "UPDATE jobs SET priority = -1 WHERE id = ?", (job_id,))
+    line = [*urgent, *(job_id for job_id in made if job_id not in urgent)]
+
+    for at_most in (2, 3, 4, 20):
+        found = {job_id: standing(store, job_id, at_most=at_most) for job_id in line}
+        assert [(s.position, s.ahead_in_household) for s in found.values()] == [
+            (min(place, at_most), min(place, at_most)) for place in range(len(line))
+        ]
+
+
+def test_a_job_at_the_end_of_a_long_household_queue_is_placed_reading_about_the_bound(
+    store, household
+):
+    # A job just posted behind its household's long queue (an import of each
+    # recipe of a site): its place says the bound, read in about as many
+    # rows, not the whole queue read and sorted at every answer.
+    if store.name != "sqlite":
+        pytest.skip("SQLite's virtual machine steps are what is counted here")
+
+    def steps_to_place(job_id: str) -> int:
+        counted = [0]
+
+        def count() -> int:
+            counted[0] += 1
+            return 0
+
+        def place(conn):
+            conn.set_progress_handler(count, 100)
+            try:
+                return store.jobs.queue_standings(conn, [get(store, job_id)], at_most=AT_MOST)
+            finally:
+                conn.set_progress_handler(None, 0)
+
+        assert store.read(place)[job_id].position == AT_MOST
+        return counted[0]
+
+    for _ in range(AT_MOST + 10):
+        last = enqueue(store, household)
+    short = steps_to_place(last)
+    for _ in range(2_000):
+        last = enqueue(store, household)
+    assert steps_to_place(last) < 2 * short
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_each_claim_of_a_job_ahead_lowers_every_position_by_one(store, household, seed):
     """The exactness the docs state: claims of one job each, nothing else

@@ -94,6 +94,20 @@ def household_due(conn: Reads, household_id: int, now: str, most: int, /) -> lis
     return [(row["id"], int(row["priority"])) for row in rows]
 
 
+def household_ahead(conn: Reads, job_id: str, now: str, most: int, /) -> int:
+    # Its household's queued jobs up to the job's own due time: jobs due
+    # later are never read.
+    row = conn.execute(
+        "SELECT count(*) AS ahead FROM (SELECT 1 FROM jobs AS t "
+        "JOIN jobs AS j ON j.household_id = t.household_id "
+        "WHERE t.id = %s AND t.status = 'queued' AND j.status = 'queued' "
+        "AND j.run_at <= t.run_at AND j.run_at <= %s::timestamptz "
+        "AND (j.priority, j.run_at, j.seq) < (t.priority, t.run_at, t.seq) LIMIT %s) AS ahead",
+        (job_id, now, most),
+    ).fetchone()
+    return int(row["ahead"])
+
+
 def due_count(conn: Reads, now: str, most: int, household_id: int | None, /) -> int:
     row = conn.execute(
         "SELECT count(*) AS due FROM (SELECT 1 FROM jobs WHERE status = 'queued' "

@@ -95,6 +95,20 @@ def household_due(conn: Reads, household_id: int, now: str, most: int, /) -> lis
     return [(row["id"], int(row["priority"])) for row in rows]
 
 
+def household_ahead(conn: Reads, job_id: str, now: str, most: int, /) -> int:
+    # The job first (CROSS JOIN keeps that order), then its household's queue
+    # index up to the job's own due time: jobs due later are never read.
+    row = conn.execute(
+        "SELECT count(*) AS ahead FROM (SELECT 1 FROM jobs AS t "
+        "CROSS JOIN jobs AS j INDEXED BY jobs_household_queued "
+        "WHERE t.id = ? AND t.status = 'queued' AND j.household_id = t.household_id "
+        "AND j.status = 'queued' AND j.run_at <= t.run_at AND j.run_at <= ? "
+        "AND (j.priority, j.run_at, j.seq) < (t.priority, t.run_at, t.seq) LIMIT ?)",
+        (job_id, now, most),
+    ).fetchone()
+    return int(row["ahead"])
+
+
 def due_count(conn: Reads, now: str, most: int, household_id: int | None, /) -> int:
     if household_id is None:
         sql = "SELECT 1 FROM jobs INDEXED BY jobs_claim WHERE status = 'queued' AND run_at <= ?"
