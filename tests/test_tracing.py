@@ -165,7 +165,9 @@ def test_an_import_is_one_trace_from_its_post_through_a_retried_attempt(
     assert {"GET /api/v1/jobs/<job_id>", "GET /api/v1/jobs/<job_id>/events"} <= served
 
 
-def test_follow_ups_and_a_batchs_members_continue_the_trace(app_with_pool, household, spans):
+def test_follow_ups_and_a_batchs_members_continue_the_trace(
+    app_with_pool, household, spans, tmp_path
+):
     app = app_with_pool
     jobs = get_jobs(app)
     tracer = trace.get_tracer("tests")
@@ -176,7 +178,7 @@ def test_follow_ups_and_a_batchs_members_continue_the_trace(app_with_pool, house
         hid = household.household_id
         batch = jobs.enqueue_batch(
             [JobRequest("succeed", {"value": 1}, hid), JobRequest("succeed", {"value": 2}, hid)],
-            on_complete=JobRequest("batch_report", {"log": "x"}, hid),
+            on_complete=JobRequest("batch_report", {"log": str(tmp_path / "runs")}, hid),
         )
     trace_id = enqueuing.get_span_context().trace_id
 
