@@ -5,7 +5,8 @@
   pool) with the kind's handler swapped for a no-op (`bench.app`). Every
   POST names one host, whose imports start at most 30 a minute (the kind's
   politeness limits, kept), so the household's queue grows through the run
-  and each answer's place in line is read behind thousands of its jobs. Alternated, round by round, with the baseline: `GET /bench/trivial`
+  and each answer's place in line is read behind thousands of its jobs.
+  Alternated, round by round, with the baseline: `GET /bench/trivial`
   (`{"status": "ok"}`) on the same gunicorn, loaded the same way, so the
   ratio is what the enqueue route costs above serving a route at all.
 * (The single enqueue against huey's is measured by the throughput

@@ -18,7 +18,11 @@ from mealquest.db.errors import (
     StoreWriterUnresponsive,
 )
 from mealquest.db.sqlite import migrate
-from mealquest.db.sqlite.store import _CHECKPOINT_AFTER_WRITES, SqliteStore
+from mealquest.db.sqlite.store import (
+    _CHECKPOINT_AFTER_WRITES,
+    _HUB_WRITES_UNCHECKPOINTED,
+    SqliteStore,
+)
 from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
 from tests.conftest import wait_for
@@ -292,7 +296,7 @@ def test_a_single_enqueue_is_written_on_the_hub_only_while_nothing_could_make_it
 
 
 def test_writes_on_the_hub_are_checkpointed_by_the_writer_thread(make_app, household):
-    app = make_app()
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1_000)
     jobs, store = get_jobs(app), get_store(app)
     for _ in range(_CHECKPOINT_AFTER_WRITES):
         store.write(lambda tx: tx.execute("SELECT 1"))
@@ -305,6 +309,18 @@ def test_writes_on_the_hub_are_checkpointed_by_the_writer_thread(make_app, house
     assert store.hub_writes == _CHECKPOINT_AFTER_WRITES
     # No call came, yet it checkpoints again, as after its own writes.
     wait_for(lambda: store._writes_since_checkpoint == 0)
+
+    # A WAL left uncheckpointed that long (the thread had no pause): the next
+    # enqueue goes to the thread, whose COMMIT may checkpoint, never the hub's.
+    store._hub_writes_since_checkpoint = _HUB_WRITES_UNCHECKPOINTED
+    jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES
+    # Which checkpointed the WAL: the hub writes again.
+    assert store._hub_writes_since_checkpoint == 0
+    jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
+    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES + 1
+    # Nor does a COMMIT on the hub ever run SQLite's own checkpoint.
+    assert store._hub_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
 
 
 def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_path):

@@ -122,6 +122,10 @@ _WAL_AUTOCHECKPOINT_PAGES = 4_000
 # `write_now` writes on the hub only where a COMMIT does not sync: with WAL,
 # NORMAL and OFF append to the WAL and return.
 _SYNCLESS_COMMITS = frozenset({"NORMAL", "OFF"})
+# `write_now` leaves the hub to the writer thread once this many writes went
+# uncheckpointed (about 10 WAL pages each: under SQLite's own checkpoint's
+# 4,000, which then runs in the thread's COMMIT, never on the hub).
+_HUB_WRITES_UNCHECKPOINTED = 300
 # A caller of `SqliteStore.write` waits this much past the write's deadline for its
 # answer (the function and the COMMIT run after the lock wait ends), then
 # gives up with StoreWriterUnresponsive. The thread does not start a COMMIT
@@ -179,6 +183,8 @@ class SqliteStore:
         # The hub's own writer connection, for `write_now` (hub thread only).
         self._hub_conn: sqlite3.Connection | None = None
         self.hub_writes = 0  # writes `write_now` made on the hub, for the tests
+        # Of those, how many since the WAL was last checkpointed whole.
+        self._hub_writes_since_checkpoint = 0
         self._reader_conn: sqlite3.Connection | None = None
         # Counts the reader connections opened: a new one's `data_version`
         # starts afresh, so a change marker names its connection too.
@@ -315,6 +321,9 @@ class SqliteStore:
             or not writer.idle_for_this_hub()
             or self._write_fault is not None
             or self.synchronous not in _SYNCLESS_COMMITS
+            # A WAL that long is the thread's to checkpoint, in its COMMIT if
+            # it has no pause: until then writes go there.
+            or self._hub_writes_since_checkpoint >= _HUB_WRITES_UNCHECKPOINTED
         ):
             return self.write(fn, *args, **kwargs)
         try:
@@ -333,9 +342,11 @@ class SqliteStore:
             self._roll_back_hub(conn)
             raise
         self.hub_writes += 1
+        self._hub_writes_since_checkpoint += 1
         self._writes_since_checkpoint += 1
-        if self._writes_since_checkpoint >= _CHECKPOINT_AFTER_WRITES:
-            writer.nudge()  # the writer thread checkpoints at its next pause
+        if self._writes_since_checkpoint == _CHECKPOINT_AFTER_WRITES:
+            # Once: the thread checkpoints at its next pause, though no call came.
+            writer.nudge()
         for callback in tx.after_commit_callbacks:
             callback()
         return result
@@ -343,7 +354,8 @@ class SqliteStore:
     def _hub_connection(self) -> sqlite3.Connection:
         if self._hub_conn is None:
             conn = connect(self.path, synchronous=self.synchronous, busy_timeout_ms=0)
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
+            # Never a checkpoint on the hub: its syncs would hold every greenlet.
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
             self._hub_conn = conn
         return self._hub_conn
 
@@ -466,6 +478,7 @@ class SqliteStore:
         self._writes_since_checkpoint += len(done)
         if self._write_fault is not None:
             self._end_write_fault(conn, changes, rewrote_header)
+        self._checkpoint_hub_writes(conn)
         for index, result, tx in done:
             outcomes[index] = (True, (result, tx.after_commit_callbacks))
         return True
@@ -521,6 +534,7 @@ class SqliteStore:
         self._writes_since_checkpoint += 1
         if self._write_fault is not None:
             self._end_write_fault(conn, changes, fn is _rewrite_header)
+        self._checkpoint_hub_writes(conn)
         return result, tx.after_commit_callbacks
 
     def _write_failed(self, error: sqlite3.Error) -> StoreUnavailable | None:
@@ -615,8 +629,28 @@ class SqliteStore:
         # Runs in the native writer thread: no gevent calls here.
         if self._writes_since_checkpoint < _CHECKPOINT_AFTER_WRITES or self._writer_conn is None:
             return
-        self._writes_since_checkpoint = 0
-        self._writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        self._checkpoint(self._writer_conn)
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        # In the writer thread. Counted afresh only once the whole WAL is
+        # copied back: one the hub appended to meanwhile was not, and the
+        # thread checkpoints it again (see `_checkpoint_hub_writes`).
+        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if busy == 0 and frames == copied:
+            self._writes_since_checkpoint = 0
+            self._hub_writes_since_checkpoint = 0
+
+    def _checkpoint_hub_writes(self, conn: sqlite3.Connection) -> None:
+        """After a write of the thread's that `write_now` sent here because the
+        hub's writes went uncheckpointed too long (no pause of the thread's
+        while they came): checkpoint now, while the hub waits for this write
+        and so appends nothing, and the hub may write again. SQLite's own
+        checkpoint remains if this one fails."""
+        # In the writer thread, after a COMMIT: nothing here may fail the write.
+        if self._hub_writes_since_checkpoint < _HUB_WRITES_UNCHECKPOINTED:
+            return
+        with suppress(sqlite3.Error):
+            self._checkpoint(conn)
 
     def _close_writer_conn(self) -> None:
         # In the writer thread, so that `_checkpoint_when_idle` never sees it closed.
