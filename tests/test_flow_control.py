@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import gevent
 import pytest
 
 from mealquest.clock import from_text
@@ -224,39 +223,3 @@ def test_one_hosts_imports_run_at_most_its_limit_at_once_and_another_hosts_passe
     assert site_a.most_in_flight == 2
     assert site_a.total_hits == 40
     assert {jobs.get(i).error for i in from_a} == {"the page could not be fetched (HTTP 404)"}
-
-
-def test_enqueues_behind_a_partition_at_its_limit_start_no_claim_until_one_could_take_a_job(
-    make_app, household
-):
-    # One host's imports posted faster than its limit lets them start: each
-    # enqueue's wake made a claim that took nothing (a tenth of the writer's
-    # time in the HTTP enqueue bench). A poll far beyond the test: only wakes
-    # and other commits start claims here.
-    app = make_app(JOB_POLL_SECONDS=600.0)
-    jobs = get_jobs(app)
-    pool = jobs.start_pool()
-    mine = household.household_id
-
-    def enqueue(kind: str, payload: dict[str, Any]) -> str:
-        return jobs.enqueue(kind, payload, household_id=mine)
-
-    # The partition's starts for the hour, taken.
-    started = [enqueue("rated_hourly", {"key": "p"}) for _ in range(2)]
-    wait_for(lambda: all(final(jobs, job_id) for job_id in started))
-    before = pool.producer.empty_claims
-    held = [enqueue("rated_hourly", {"key": "p"})]
-    wait_for(lambda: pool.producer.empty_claims > before)  # its wake's claim took nothing
-    empty = pool.producer.empty_claims
-
-    for _ in range(20):
-        held.append(enqueue("rated_hourly", {"key": "p"}))
-        # The producer has its wake (and any claim it starts ends) before the next.
-        gevent.sleep(0.01)
-        wait_for(lambda: not pool.slots.claims_in_flight())
-    # A job a claim can take is claimed at once, as ever.
-    other = enqueue("succeed", {"value": 1})
-    assert wait_for(lambda: final(jobs, other), timeout=10).status == Status.SUCCEEDED
-
-    assert pool.producer.empty_claims == empty
-    assert {jobs.get(job_id).status for job_id in held} == {Status.QUEUED}

@@ -65,13 +65,6 @@ class Producer:
         self.stopping = Event()
         self._wake = Event()
         self._claims = itertools.count(1)
-        # Claims that took nothing though slots were free (for the tests).
-        self.empty_claims = 0
-        # Whether the last claim an enqueue here woke took nothing: the queued
-        # jobs are held (a partition at its limit, a paused kind, a kind at
-        # its cap), and the next such wake claims only once a job is due that
-        # a claim could take.
-        self._came_up_empty = False
 
     def wake(self) -> None:
         """Tell an idle producer that this process enqueued a job (greenlet code only)."""
@@ -84,7 +77,6 @@ class Producer:
         self.slots.freed.set()
 
     def run(self) -> None:
-        woken = False  # the claim below was started by `wake`
         while not self.stopping.is_set():
             free = self.slots.free()
             if free <= 0:
@@ -99,18 +91,14 @@ class Producer:
                 # Not a whole poll: once the database answers again, a due job
                 # (or another process's enqueue heard) is claimed at once, so a
                 # dropped connection stalls no start for longer than that.
-                woken = self._wait_for_work()
+                self._wait_for_work()
                 continue
             except Exception:
                 logger.exception("claiming jobs failed; trying again after the poll interval")
                 self.stopping.wait(self.settings.poll_seconds)
                 continue
-            self._came_up_empty = woken and not jobs
-            if not jobs:
-                self.empty_claims += 1
-            woken = False
             if len(jobs) < free:
-                woken = self._wait_for_work()
+                self._wait_for_work()
 
     def claim(self, limit: int) -> list[Job]:
         """Claim up to `limit` due jobs and start running them."""
@@ -203,7 +191,7 @@ class Producer:
         except Exception:
             logger.exception("could not put back jobs claimed while stopping; leases will expire")
 
-    def _wait_for_work(self) -> bool:
+    def _wait_for_work(self) -> None:
         """Idle until woken, another process commits something due, or the poll interval.
 
         While the database does not answer, it looks again every
@@ -214,34 +202,22 @@ class Producer:
         """
         deadline = time.monotonic() + self.settings.poll_seconds
         try:
-            return self._look_until(deadline)
+            self._look_until(deadline)
         except Exception:
             logger.exception("checking for new jobs failed; waiting for the poll")
-            return bool(self._wake.wait(max(deadline - time.monotonic(), 0)))
+            self._wake.wait(max(deadline - time.monotonic(), 0))
 
-    def _look_until(self, deadline: float) -> bool:
-        """Wait as `_wait_for_work` says; True if `wake` ended the wait."""
+    def _look_until(self, deadline: float) -> None:
         version = self._data_version()
         while not self.stopping.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return False
+                return
             pause = self.settings.change_check_seconds
             if version is None:
                 pause = max(pause, _UNAVAILABLE_PAUSE_SECONDS)
             if self._wake.wait(min(pause, remaining)):
-                if not self._came_up_empty or self.stopping.is_set():
-                    return True
-                # The last such claim took nothing: only a job a claim could
-                # take now is worth one (a flood of imports of one host would
-                # otherwise make a claim that takes nothing at each enqueue).
-                self._wake.clear()
-                try:
-                    if self._claimable():
-                        return True
-                except StoreUnavailable:
-                    return True  # the claim meets it, and waits as it says
-                continue
+                return
             current = self._data_version()
             if current is None or current == version:
                 version = current
@@ -253,19 +229,14 @@ class Producer:
             # Nor a paused kind, nor a partition at a limit: another
             # process's commits would each start a claim that takes nothing.
             try:
-                if self._claimable():
-                    return False
+                if self.store.read(
+                    self.store.jobs.has_due_job,
+                    self.claimable_kinds(),
+                    partitions=self.registry.partition_limits(),
+                ):
+                    return
             except StoreUnavailable:
                 version = None  # look again once it answers
-        return False
-
-    def _claimable(self) -> bool:
-        """Whether a due job is queued that a claim of this process could take."""
-        return self.store.read(
-            self.store.jobs.has_due_job,
-            self.claimable_kinds(),
-            partitions=self.registry.partition_limits(),
-        )
 
     def _data_version(self) -> int | None:
         """The store's change counter; None while the database does not answer."""
