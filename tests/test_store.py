@@ -283,7 +283,7 @@ def test_a_single_enqueue_is_written_on_the_hub_only_while_nothing_could_make_it
     holder = gevent.spawn(store.write, hold)
     wait_for(holding.is_set)
     behind = gevent.spawn(enqueue, 3)
-    gevent.sleep(0.05)
+    wait_for(lambda: store._writer._pending == 2)  # queued behind `hold`
     assert not behind.ready()
     release.set()
     holder.get(timeout=10)

@@ -145,14 +145,14 @@ def standings(
     for job in queued:
         if job.run_at > now:
             continue
-        if reads.household_ahead(conn, job.id, now, at_most) >= at_most:
-            # Behind at least that many of its own household's (a job just
-            # posted behind a long queue): its place says the bound, and the
-            # household's whole queue is not read to say so.
-            found[job.id] = (at_most, at_most)
-            continue
         due = households.get(job.household_id)
         if due is None:
+            if reads.household_ahead(conn, job.id, now, at_most) >= at_most:
+                # Behind at least that many of its own household's (a job just
+                # posted behind a long queue): its place says the bound, and
+                # the household's whole queue is not read to say so.
+                found[job.id] = (at_most, at_most)
+                continue
             due = households[job.household_id] = reads.household_due(
                 conn, job.household_id, now, 2 * at_most + 1
             )
