@@ -281,6 +281,30 @@ def test_a_parse_past_its_cpu_limit_is_unreadable(own_pool):
     assert not pool.busy_pids()
 
 
+def cpu_seconds_used(pid: int) -> float:
+    """A process's CPU time so far (user and system), as /proc counts it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_parse_meets_its_wall_clock_limit_before_its_cpu_limit(own_pool):
+    # The process's own CPU limit is a backstop for a parent that cannot see
+    # to it: at least a second past the wall-clock limit, so that a parent
+    # whose timer fires a little late under load still ends the parse itself
+    # (whole seconds of CPU from what the process had used made the two race).
+    pool = own_pool()
+    soup = Page(url="http://recipes.example/soup", content_type="text/html", body=recipe_page())
+    assert pool.parse(soup, seconds=FOREVER) is not None
+    [pid] = pool.idle_pids()
+    used = cpu_seconds_used(pid)
+    soup_limit = soft_limits(pid)["Max cpu time"]  # FOREVER's: past what this test waits
+    waiter = gevent.spawn(pool.parse, hostile_page(), seconds=5)
+    limit = wait_for(lambda: (soft := soft_limits(pid)["Max cpu time"]) != soup_limit and soft)
+    waiter.kill(gevent.Timeout)
+    wait_for(lambda: gone(pid))
+    assert int(limit) >= used + 5 + 1
+
+
 def test_a_parse_past_its_memory_limit_is_unreadable(own_pool):
     # Room for little more than the libraries: 1 MB of tags makes a far larger tree.
     pool = own_pool(memory_headroom=32 * 1024 * 1024)

@@ -73,6 +73,12 @@ _REAP_SECONDS = 5.0
 # How often a parse's resident size is looked at: a dense page grows a
 # parser by well under the headroom in this time.
 _MEMORY_WATCH_SECONDS = 0.05
+# How far past the wall-clock limit a parse's own CPU limit is by default:
+# that limit counts whole seconds from what the process had used, so without
+# a margin it could fall as little as nothing past the wall clock's, and a
+# parent whose timer fired a moment late under load saw the backstop end the
+# parse it was about to end itself.
+_CPU_BACKSTOP_SECONDS = 1.0
 _CHUNK = 1024 * 1024
 _CHILD = "import sys; from mealquest.recipes.parser_process import main; main(sys.argv[1:])"
 # `returncode` of a process that someone else reaped.
@@ -313,15 +319,14 @@ class ParserPool:
         self, page: Page, *, seconds: float, cpu_seconds: float | None = None
     ) -> ParsedRecipe | None:
         """The page's recipe, or None; at most `seconds` on the wall clock and
-        `cpu_seconds` (default `seconds`) of CPU. PageUnreadable past either,
-        or if the process ends without an answer (its memory limit, a crash);
-        ParserFailed if the parsing library raised."""
+        `cpu_seconds` of CPU (by default a second more: the process's own
+        limit is a backstop for a parent that cannot see to it). PageUnreadable
+        past either, or if the process ends without an answer (its memory
+        limit, a crash); ParserFailed if the parsing library raised."""
         process = self._take()
-        header = {
-            "url": page.url,
-            "content_type": page.content_type,
-            "cpu_seconds": seconds if cpu_seconds is None else cpu_seconds,
-        }
+        if cpu_seconds is None:
+            cpu_seconds = seconds + _CPU_BACKSTOP_SECONDS
+        header = {"url": page.url, "content_type": page.content_type, "cpu_seconds": cpu_seconds}
         self._busy.add(process)
         try:
             answer = process.exchange(header, page.body, seconds)
