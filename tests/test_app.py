@@ -12,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -148,6 +149,23 @@ def test_log_lines_carry_their_context(restore_log_level):
 
     plain = logging.LogRecord("mealquest", logging.INFO, __file__, 1, "hello", (), None)
     assert ContextFormatter("%(message)s").format(plain) == "hello"
+
+
+def test_log_line_times_are_logging_s_own_across_seconds():
+    # Each formatter keeps the last second's text: records of one second,
+    # of the next, and of an earlier one again must each get their own.
+    text = ContextFormatter("%(asctime)s %(message)s")
+    json_lines = JsonFormatter()
+    stock = logging.Formatter("%(asctime)s %(message)s")
+    base = 1_796_486_400.0  # a whole second
+    for created in (base + 0.001, base + 0.999, base + 1.0, base + 1.5, base - 59.25, base + 0.5):
+        record = logging.LogRecord("mealquest", logging.INFO, __file__, 1, "m", (), None)
+        record.created = created
+        record.msecs = int((created - int(created)) * 1000) + 0.0
+        assert text.format(record) == stock.format(record)
+        whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+        expected = f"{whole}.{int(created % 1 * 1000):03d}Z"
+        assert json.loads(json_lines.format(record))["time"] == expected
 
 
 def test_logging_is_configured_once(restore_log_level):
