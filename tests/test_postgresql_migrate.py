@@ -175,7 +175,8 @@ def test_the_migrated_jobs_table_keeps_every_trigger_and_claim_index(empty_url):
             for row in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'jobs'")
         }
     assert triggers >= {
-        "job_counts_insert_delete",
+        "job_counts_insert",
+        "job_counts_delete",
         "job_counts_update",
         "jobs_queue_insert",
         "jobs_queue_update",

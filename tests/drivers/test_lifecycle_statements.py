@@ -270,3 +270,63 @@ def test_a_session_names_its_live_operator_until_it_ends(store):
     assert store.read(store.sessions.session_operator, "3" * 64) is None
     store.write(store.operators.revoke_operator, bob)
     assert store.read(store.sessions.session_operator, "5" * 64) is None
+
+
+def test_a_statement_that_moves_many_jobs_counts_and_charts_each_of_them(store, household):
+    """A claim and a completer's batch each move many jobs in one statement,
+    and PostgreSQL notes the queue figures and the charts once per statement
+    (a change per kind and status, with its sum): each job still counts
+    once, where it went, and each start and end is charted; an update that
+    moves no job (a lease renewed) notes nothing."""
+    for kind, n in (("succeed", 6), ("other", 4)):
+        for _ in range(n):
+            enqueue(store, household, kind=kind)
+    store.write(store.operations.fold_counts)
+    store.write(store.history.fold_history)
+    noted_before = _count_changes(store) if store.name == "postgresql" else 0
+
+    jobs = claim(store, kinds=("succeed", "other"), limit=10)
+    assert len(jobs) == 10
+    store.write(store.jobs.renew_leases, [job.lease for job in jobs], lease_seconds=60.0)
+    succeed = [job for job in jobs if job.kind == "succeed"]
+    other = [job for job in jobs if job.kind == "other"]
+    moves = (
+        [Transition(job.lease, to=Status.SUCCEEDED, result="{}") for job in succeed[:3]]
+        + [Transition(job.lease, to=Status.FAILED, error="no") for job in succeed[3:]]
+        + [Transition(job.lease, to=Status.SUCCEEDED, result="{}") for job in other[:2]]
+        + [Transition(job.lease, to=Status.QUEUED, delay_seconds=60.0) for job in other[2:]]
+    )
+    assert store.write(store.jobs.transition_many, moves) == [True] * 10
+
+    if store.name == "postgresql":
+        # The claim moved 10 jobs of 2 kinds (4 changes), the batch 10 into 4
+        # places (6), the renewal none: the row triggers wrote 40. A fold
+        # meanwhile (one statement in 2,000) only deletes changes.
+        assert _count_changes(store) - noted_before <= 10
+    store.write(store.operations.fold_counts)
+    counts = store.read(store.operations.queue_figures).counts
+    assert counts == {
+        ("succeed", "succeeded"): 3,
+        ("succeed", "failed"): 3,
+        ("other", "succeeded"): 2,
+        ("other", "queued"): 2,
+    }
+    for fold in (False, True):
+        if fold:
+            store.write(store.history.fold_history)
+        rows = store.read(store.history.history, width=10, periods=2).rows
+        totals = {
+            kind: tuple(
+                sum(getattr(row, field) for row in rows if row.kind == kind)
+                for field in ("started", "succeeded", "failed", "cancelled")
+            )
+            for kind in ("succeed", "other")
+        }
+        assert totals == {"succeed": (6, 3, 3, 0), "other": (4, 2, 0, 0)}
+
+
+def _count_changes(store) -> int:
+    """The count changes waiting to be folded (PostgreSQL's)."""
+    return store.read(
+        lambda conn: conn.execute("SELECT count(*) AS n FROM job_count_changes").fetchone()["n"]
+    )

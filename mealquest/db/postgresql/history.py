@@ -1,8 +1,9 @@
 """The job history behind the dashboard's charts, on PostgreSQL.
 
-A trigger appends each start and end of an attempt to
-`job_history_changes` (appended, never updated: concurrent claims and
-outcomes never wait on each other for it); `job_history_fold()` moves them
+A statement trigger appends the starts and ends of attempts that each
+statement made to `job_history_changes`, counted per minute, kind, series
+and bucket (appended, never updated: concurrent claims and outcomes never
+wait on each other for it); `job_history_fold()` moves them
 into `job_history`, per minute and per ten minutes, one transaction at a
 time. A chart folds first (`fold_history`), then reads the folded rows and
 the changes not yet folded in one statement, so it never misses an event a
@@ -57,7 +58,7 @@ def history(
         "WITH h AS (SELECT period, kind, series, bucket, count FROM job_history "
         "WHERE width = %(width)s AND period >= %(first)s AND period <= %(last)s "
         "UNION ALL SELECT * FROM (SELECT date_bin(make_interval(mins => %(width)s), moment, "
-        f"{_ORIGIN}) AS period, kind, series, bucket, 1 AS count FROM job_history_changes) AS c "
+        f"{_ORIGIN}) AS period, kind, series, bucket, count FROM job_history_changes) AS c "
         f"WHERE period >= %(first)s AND period <= %(last)s), {SUMMARY}",
         {"width": width, "first": first, "last": last},
     ).fetchall()
