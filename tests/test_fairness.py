@@ -411,6 +411,54 @@ def test_the_household_queues_follow_every_change_to_the_jobs(make_app, househol
     assert _queue_counts_hold(store)
 
 
+def test_the_household_queues_follow_statements_that_change_many_jobs(
+    make_app, household, other_household
+):
+    # PostgreSQL keeps the queue rows once per statement: each household a
+    # statement touched is joined and refreshed once, with all its jobs.
+    app = make_app()
+    jobs, store = get_jobs(app), get_store(app)
+    a, b = household.household_id, other_household.household_id
+    jobs.enqueue_many([JobRequest("succeed", {"value": n}, h) for n in range(4) for h in (a, b)])
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_counts_hold(store)
+
+    claimed = store.write(
+        store.jobs.claim, ClaimRequest(owner="t", lease_seconds=30.0, limit=5, kinds=("succeed",))
+    )
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_counts_hold(store)
+    started = Counter(job.household_id for job in claimed)
+    assert set(started) == {a, b}
+    served = {
+        row["household_id"]: row["served_jobs"]
+        for row in sql.rows(store, "SELECT household_id, served_jobs FROM household_queues")
+    }
+    assert served == dict(started)
+
+    # Back to the queue together (a rescue of both households' jobs), then
+    # all moved later, then all deleted.
+    sql.execute(
+        store,
+        "UPDATE jobs SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL "
+        "WHERE status = 'running'",
+    )
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_counts_hold(store)
+    sql.execute(
+        store,
+        "UPDATE jobs SET run_at = ? WHERE seq IN (SELECT seq FROM jobs ORDER BY seq LIMIT 3)",
+        ("2999-01-01T00:00:00.000000Z",),
+    )
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_counts_hold(store)
+    sql.execute(store, "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs ORDER BY seq LIMIT 5)")
+    assert _queue_heads(store) == _expected_heads(store)
+    assert _queue_counts_hold(store)
+    sql.execute(store, "DELETE FROM jobs")
+    assert _queue_heads(store) == _expected_heads(store) == {}
+
+
 # -- priority comes before the households' turns ------------------------------------------
 
 
@@ -715,11 +763,15 @@ def test_a_claim_under_partition_limits_reads_no_table_whole_with_1000_partition
         # rows read) and never alone; what the planner chose then is the clue.
         assert rows <= 40, (rows, plans)
         # A handful of paused kinds is read whole, as it should be, and the
-        # test's few households (for the suspended ones: the planner reads a
-        # table of one page whole rather than through its partial index);
-        # nothing else.
+        # test's few households and their queue rows (for the suspended ones:
+        # the planner reads a table of one page whole rather than through its
+        # partial index), but only while they fill one page; nothing else.
         scanned = {n["Relation Name"] for n in _nodes_of(plans) if n["Node Type"] == "Seq Scan"}
-        assert scanned <= {"paused_kinds", "households"}, scanned
+        assert scanned <= {"paused_kinds", "households", "household_queues"}, scanned
+        pages = sql.scalar(
+            store, "SELECT relpages FROM pg_class WHERE relname = 'household_queues'"
+        )
+        assert "household_queues" not in scanned or pages <= 1, (pages, plans)
         return
     text = "\n".join(plans)
     for table in ("jobs", "partition_rates"):
