@@ -195,8 +195,12 @@ def test_an_enqueue_in_the_callers_transaction_is_claimed_after_its_commit(
 
 def _terminate_the_claim_waiting_for(url: str, terminated: list[int]) -> None:
     """Terminate the backend that waits for an advisory lock (a claim), once
-    one does. A native thread: in this process the claim's wait holds the hub."""
-    with psycopg.connect(url, autocommit=True) as admin:
+    one does. A native thread: in this process the claim's wait holds the hub.
+
+    Never prepared: psycopg prepares a query from its sixth run, and through
+    PgBouncer's transaction pooling the next run may reach a server
+    connection that never saw it ("prepared statement does not exist")."""
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as admin:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             row = admin.execute(
