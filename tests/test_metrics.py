@@ -13,8 +13,11 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from mealquest.config import ConfigError
+from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.runner.metrics import AttemptMetrics
+from mealquest.jobs.runner.running import Running
 from mealquest.metrics import standalone
-from mealquest.model.jobs import Status
+from mealquest.model.jobs import Lease, Status
 from mealquest.operators import create_operator, revoke_operator
 from mealquest.queue_stats import CachedFigures
 from tests.conftest import wait_for
@@ -189,6 +192,36 @@ def test_a_jobs_wait_counts_from_its_due_time_to_its_start(client, jobs, househo
     # It had been due for 100 s (and more, by the time it started).
     assert (delta("60.0"), delta("120.0")) == (0, 1)
     assert value(after, "mealquest_job_wait_seconds_sum", kind="succeed") >= 100
+
+
+def test_the_runs_and_waits_kept_between_batches_are_bounded(client, jobs, household, operator):
+    # A pool applies its attempts' metrics in batches; however long a batch
+    # waits (a busy hub), no more than the bound are kept: the one past it
+    # applies them all at once.
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    pool = jobs.start_pool()
+    job = wait_for(lambda: (found := jobs.get(job_id)).status == Status.SUCCEEDED and found)
+    pool.stop(timeout=1)
+    waits = "mealquest_job_wait_seconds_count"
+    runs = "mealquest_job_runs_total"
+    before = scrape(client, operator)
+    kept = AttemptMetrics(jobs.registry, kept_at_most=3)
+    running = Running(job, Lease(job.id, "a claim", job.attempt), deadline=0.0, lease_deadline=0.0)
+
+    def added(name, **labels):
+        return value(scrape(client, operator), name, **labels) - value(before, name, **labels)
+
+    kept.started(job)
+    kept.started(job)
+    assert added(waits, kind="succeed") == 0
+    kept.started(job)
+    assert added(waits, kind="succeed") == 3
+    kept.attempt_recorded(running, Outcome(Status.SUCCEEDED))
+    kept.attempt_recorded(running, Outcome(Status.SUCCEEDED))
+    assert added(runs, kind="succeed", outcome="succeeded") == 0
+    kept.attempt_recorded(running, Outcome(Status.SUCCEEDED))
+    assert added(runs, kind="succeed", outcome="succeeded") == 3
+    assert added("mealquest_job_run_duration_seconds_count", kind="succeed") == 3
 
 
 def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(

@@ -33,7 +33,7 @@ from mealquest.jobs.outcome import (
     snoozed,
 )
 from mealquest.jobs.registry import Kind, Registry
-from mealquest.jobs.runner import metrics
+from mealquest.jobs.runner.metrics import AttemptMetrics
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
@@ -93,12 +93,14 @@ class Executor:
         settings: PoolSettings,
         slots: Slots,
         record: Record,
+        attempt_metrics: AttemptMetrics,
     ) -> None:
         self.store = store
         self.registry = registry
         self.settings = settings
         self.slots = slots
         self.record = record
+        self.attempt_metrics = attempt_metrics
 
     # -- running ----------------------------------------------------------------
 
@@ -106,7 +108,7 @@ class Executor:
         """Run claimed jobs, each in a slot of its own (reserved by the claim)."""
         traces = self._traceparents(jobs) if self.settings.tracing else {}
         for job in jobs:
-            metrics.started(job)
+            self.attempt_metrics.started(job)
             kind = self.registry.get(job.kind)
             timeout = kind.options.timeout_seconds if kind else 0.0
             entry = Running(
@@ -219,7 +221,7 @@ class Executor:
         entry.recording = True
         if not self.record(entry.lease, outcome, extra):
             return "lease lost"
-        metrics.attempt_recorded(entry, outcome, self.registry)
+        self.attempt_metrics.attempt_recorded(entry, outcome)
         if outcome.to is Status.CANCELLED:
             logger.info("job cancelled", extra=extra)
             return "cancelled"

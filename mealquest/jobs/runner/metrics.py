@@ -1,4 +1,5 @@
-"""What the runner tells the metrics: one call where each outcome is recorded.
+"""What the runner tells the metrics: each attempt's run and wait, kept and
+applied in batches (`AttemptMetrics`), and the rarer outcomes at once.
 
 Nothing here may fail a job: every function only counts, and the rescue's
 kind lookup is a read that is skipped (counted as kind `unknown`) when the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -56,28 +58,72 @@ def _wait(kind: str) -> Any:
     return JOB_WAIT.labels(kind=kind)
 
 
-def started(job: Job) -> None:
-    """A claimed job starts: how long it waited, from its due time (`run_at`:
-    its enqueue, unless delayed or a retry's backoff) to its claim, both by
-    the database's clock as the claim stored them."""
-    if job.started_at is None:
-        return
-    try:
-        waited = datetime.fromisoformat(job.started_at) - datetime.fromisoformat(job.run_at)
-    except ValueError:  # not a time as the drivers write them: nothing to count
-        return
-    _wait(job.kind).observe(max(0.0, waited.total_seconds()))
+# How often a pool applies its attempts' runs and waits to the metrics, and
+# how many it keeps at most in between (applied at once past that).
+APPLY_SECONDS = 0.25
+KEPT_AT_MOST = 10_000
 
 
-def attempt_recorded(entry: Running, outcome: Outcome, registry: Registry) -> None:
-    """A handler's attempt ended and its outcome is stored: count it, and how
-    long the handler ran (from the start the executor gave its timeout)."""
-    kind = entry.job.kind
-    _runs(kind, _outcome_label(outcome)).inc()
-    registered = registry.get(kind)
-    if registered is not None:
-        started = entry.deadline - registered.options.timeout_seconds
-        _run_duration(kind).observe(max(0.0, time.monotonic() - started))
+class AttemptMetrics:
+    """The runs and waits of one pool's attempts, kept as plain tuples and
+    applied to the metrics in batches (`apply`, every `APPLY_SECONDS` and
+    when the pool stops).
+
+    Why: applied as each attempt started and ended, they took about 8 µs of
+    the hub a no-op job, a tenth of its time there (measured by leaving them
+    out); in batches, about half of that: each count is one `inc` per kind
+    and outcome, and the observations run back to back. A process killed
+    outright loses what it kept since the last batch: about a quarter of a
+    second of its attempts' metrics. Hub code only, as the pool's roles are.
+    """
+
+    def __init__(self, registry: Registry, *, kept_at_most: int = KEPT_AT_MOST) -> None:
+        self.registry = registry
+        self.kept_at_most = kept_at_most
+        # (kind, due time, start time) of each start, as the claim stored them.
+        self._waits: list[tuple[str, str, str]] = []
+        # (kind, outcome label, seconds the handler ran: None for a kind no
+        # longer registered) of each recorded attempt.
+        self._runs: list[tuple[str, str, float | None]] = []
+
+    def started(self, job: Job) -> None:
+        """A claimed job starts: how long it waited, from its due time (`run_at`:
+        its enqueue, unless delayed or a retry's backoff) to its claim, both by
+        the database's clock as the claim stored them."""
+        if job.started_at is None:
+            return
+        self._waits.append((job.kind, job.run_at, job.started_at))
+        if len(self._waits) >= self.kept_at_most:
+            self.apply()
+
+    def attempt_recorded(self, entry: Running, outcome: Outcome) -> None:
+        """A handler's attempt ended and its outcome is stored: count it, and how
+        long the handler ran (from the start the executor gave its timeout)."""
+        kind = entry.job.kind
+        registered = self.registry.get(kind)
+        ran = None
+        if registered is not None:
+            started = entry.deadline - registered.options.timeout_seconds
+            ran = max(0.0, time.monotonic() - started)
+        self._runs.append((kind, _outcome_label(outcome), ran))
+        if len(self._runs) >= self.kept_at_most:
+            self.apply()
+
+    def apply(self) -> None:
+        """Hand what was kept to the metrics, and keep nothing."""
+        waits, self._waits = self._waits, []
+        runs, self._runs = self._runs, []
+        for (kind, label), count in Counter((kind, label) for kind, label, _ in runs).items():
+            _runs(kind, label).inc(count)
+        for kind, _, ran in runs:
+            if ran is not None:
+                _run_duration(kind).observe(ran)
+        for kind, run_at, started_at in waits:
+            try:
+                waited = datetime.fromisoformat(started_at) - datetime.fromisoformat(run_at)
+            except ValueError:  # not a time as the drivers write them: nothing to count
+                continue
+            _wait(kind).observe(max(0.0, waited.total_seconds()))
 
 
 def given_up(kind: str, outcome: Outcome) -> None:

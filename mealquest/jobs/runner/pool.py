@@ -118,7 +118,10 @@ class Pool:
             wake=self.wake,
             ended=lambda job_ids: self.unblocker.nudge(job_ids),
         )
-        self.executor = Executor(store, registry, self.settings, self.slots, self.completer.record)
+        self.attempt_metrics = metrics.AttemptMetrics(registry)
+        self.executor = Executor(
+            store, registry, self.settings, self.slots, self.completer.record, self.attempt_metrics
+        )
         self.producer = Producer(
             store, registry, self.settings, self.owner, self.slots, self.executor.start
         )
@@ -193,6 +196,7 @@ class Pool:
                 self.unhandled.run_once,
             ),
             ("registration", every, settings.heartbeat_seconds, self.registration.run_once),
+            ("metrics", every, metrics.APPLY_SECONDS, self.attempt_metrics.apply),
         ):
             self.roles[name] = self._supervise(name, run, *args)
         if self.scheduler is not None and self.registry.periodic():
@@ -266,6 +270,8 @@ class Pool:
                 logger.exception("could not record stopped jobs; their leases will expire")
         self._maintenance_stop.set()
         gevent.killall(list(self.roles.values()), block=True, timeout=5)
+        # What the metrics role had not applied yet, the last outcomes' included.
+        self.attempt_metrics.apply()
         try:
             self.registration.remove()
         except Exception:
