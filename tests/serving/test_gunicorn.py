@@ -137,12 +137,13 @@ def test_a_sigkilled_worker_is_respawned_and_its_job_is_rescued(
     os.kill(killed, signal.SIGKILL)
     gates.open("others")
 
-    wait_until(
-        lambda: len(server.worker_pids()) == 2 and killed not in server.worker_pids(),
-        RESPAWN_SECONDS,
-        "gunicorn did not respawn the killed worker",
+    def respawned() -> set[int] | None:
+        pids = set(server.worker_pids())
+        return pids if len(pids) == 2 and killed not in pids else None
+
+    assert (
+        len(wait_until(respawned, RESPAWN_SECONDS, "the killed worker not respawned") - before) == 1
     )
-    assert len(set(server.worker_pids()) - before) == 1
     # The lease expires, then some pool's rescuer (every RESCUE_SECONDS) takes it back.
     row = wait_until(
         lambda: final_jobs(served.store, [victim]),

@@ -88,12 +88,12 @@ def test_every_scrape_sums_the_counts_of_every_worker(served, tmp_path, processe
     # A SIGKILLed worker's counts stay counted by the survivor and its replacement.
     victim = int(sorted(answered_by)[0])
     os.kill(victim, signal.SIGKILL)
-    wait_until(
-        lambda: victim not in server.worker_pids() and len(server.worker_pids()) == 2,
-        60,
-        "the killed worker was not replaced",
-    )
-    for pid in server.worker_pids():
+
+    def replaced() -> list[int] | None:
+        pids = server.worker_pids()
+        return pids if len(pids) == 2 and victim not in pids else None
+
+    for pid in wait_until(replaced, 60, "the killed worker was not replaced"):
         text = wait_until(lambda pid=pid: scrape_by(str(pid)), 30, "no scrape by the worker", 0)
         assert value(text, *HEALTHZ) == start + sent
         assert value(text, *runs) == len(job_ids)

@@ -187,6 +187,16 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def alive(pid: int) -> bool:
+    """Not exited: a child its parent has not reaped yet is listed, but a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    # The state follows the command's closing parenthesis; the command may hold spaces.
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
 class Process:
     """A process started in its own session, its output in a file."""
 
@@ -295,7 +305,8 @@ class Gunicorn(Process):
         super().__init__(args, env, log_path)
 
     def worker_pids(self) -> list[int]:
-        return children(self.pid)
+        """The live workers: one SIGKILLed stays the master's child until it is reaped."""
+        return [pid for pid in children(self.pid) if alive(pid)]
 
     def wait_ready(self, pools: bool = True, timeout: float = 60.0) -> None:
         """Until every worker has booted (and started its pool) and HTTP answers."""
