@@ -15,7 +15,7 @@ import pytest
 
 from mealquest.households import create_household
 from tests.support.pages import PageServer, recipe_page
-from tests.support.servers import children, http, job, wait_until
+from tests.support.servers import children, http, job, process_state, wait_until
 
 pytestmark = pytest.mark.both_databases
 
@@ -38,10 +38,10 @@ def parser_processes(worker: int) -> dict[int, str]:
     for pid in children(worker):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
             continue
-        if b"parser_process" in command:
+        state = process_state(pid)
+        if state is not None and b"parser_process" in command:
             found[pid] = state
     return found
 

@@ -187,14 +187,20 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def alive(pid: int) -> bool:
-    """Not exited: a child its parent has not reaped yet is listed, but a zombie."""
+def process_state(pid: int) -> str | None:
+    """The process's state as /proc shows it (`R` running, `S` waiting, `Z` a
+    zombie...); None once it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
-        return False
+        return None
     # The state follows the command's closing parenthesis; the command may hold spaces.
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def alive(pid: int) -> bool:
+    """Not exited: a child its parent has not reaped yet is still listed, as a zombie."""
+    return process_state(pid) not in (None, "Z", "X")
 
 
 class Process:
