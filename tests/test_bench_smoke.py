@@ -22,12 +22,14 @@ from mealquest.config.table import DEFAULTS
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.timeout(600)
 def test_the_bench_sizes_the_pool_as_the_service_does():
     # A figure of another pool size would measure a pool no one runs.
     assert FULL.workers == QUICK.workers == DEFAULTS["JOB_WORKERS"]
 
 
+# Above the run's own bound (540 s): the suite's 120 s default ended it
+# whenever a loaded machine took longer.
+@pytest.mark.timeout(600)
 def test_the_quick_benchmark_produces_every_figure(tmp_path):
     results_path = tmp_path / "bench.json"
     completed = subprocess.run(
