@@ -6,18 +6,24 @@ the real pool and a real HTTP server on loopback serving the pages."""
 from __future__ import annotations
 
 import json
+import string
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import gevent
 import pytest
+from flask import Flask
 
+from mealquest.extensions import get_store
+from mealquest.households import create_household
 from mealquest.jobs.service import get_jobs
-from mealquest.recipes import ingredients
-from mealquest.recipes.shopping_list import NOTHING_IMPORTED
+from mealquest.recipes import ingredients, parser_pool
+from mealquest.recipes.shopping_list import NOTHING_IMPORTED, TOO_SLOW
 from tests.conftest import wait_for
 from tests.support import sql
-from tests.support.pages import WEEK, PageServer, Reply, week_page
+from tests.support.pages import WEEK, PageServer, Reply, recipe_page, week_page
+from tests.support.servers import process_state
 from tests.test_recipe_import import FETCH_CONFIG
 
 pytestmark = pytest.mark.both_databases
@@ -249,3 +255,93 @@ def test_lines_read_as_sites_write_them():
     assert [(item.food, item.quantity, item.sources) for item in merged] == [
         ("eggs", 6.0, ["A", "B"])
     ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "2 nan breads",  # naan, as often spelt: "nan" is no number
+        "nan cups milk",
+        "1/0 cup milk",
+        "1e308 kg flour",  # past a float once in grams
+        "9" * 400 + " g flour",
+        "2000 kg flour",  # finite, but no shopping
+    ],
+)
+def test_a_line_that_cannot_be_read_is_listed_as_written(line):
+    merged = ingredients.merge([("A", [line, "2 eggs"]), ("B", ["1 egg"])])
+    assert [(item.text, item.quantity, item.unit) for item in merged] == [
+        ("3 eggs", 3.0, None),
+        (line, None, None),
+    ]
+
+
+@pytest.mark.parametrize("character", [",", "*", "/", "½", "1 "])
+def test_a_line_of_too_many_tokens_is_not_given_to_the_model(character):
+    line = character * 500
+    reading = ingredients.read_line(line)
+    written = line.strip()[: ingredients.MAX_LINE_CHARS]
+    assert (reading.text, reading.food, reading.summable) == (written, None, False)
+    # Below the bound, the model reads it.
+    assert ingredients.read_line("salt, " * 29).food == "salt"
+
+
+def distinct_word(number: int) -> str:
+    return "".join(string.ascii_lowercase[number // 26**place % 26] for place in range(3))
+
+
+# Lines the model reads at its slowest below the token bound (about 15 ms
+# each here), as many as a list reads: a list that takes half a minute.
+# Each differs: the model keeps what it read of a line it has seen.
+SLOW_LINES = [f"{distinct_word(n)} " + "salt, " * 28 for n in range(ingredients.MAX_LINES)]
+
+
+def slow_week(pages: PageServer) -> list[str]:
+    per_page = 300  # a page's parse keeps at most this many lines
+    urls = []
+    for index in range(0, len(SLOW_LINES), per_page):
+        path = f"/slow/{index}"
+        lines = SLOW_LINES[index : index + per_page]
+        pages.page(path, recipe_page(f"Salted {index}", recipeIngredient=lines))
+        urls.append(pages.url(path))
+    return urls
+
+
+def list_process(client, auth, list_job: str) -> int:
+    """The pid of the parser process reading the list's lines (waits for it)."""
+    wait_for(lambda: job(client, auth, list_job)["status"] == "running", timeout=60)
+    return wait_for(lambda: (pids := parser_pool.shared().busy_pids()) and pids[0], timeout=60)
+
+
+def started(make_app, **config) -> tuple[Flask, dict[str, str]]:
+    """An app with its pool started, and a household's header: the module's
+    `app` (which `auth` needs) would run a second pool, with its own settings."""
+    app = make_app(ALLOW_PRIVATE_URLS=True, **FETCH_CONFIG, **config)
+    get_jobs(app).start_pool()
+    token = create_household(get_store(app), "The Smiths").token
+    return app, {"Authorization": f"Bearer {token}"}
+
+
+def test_a_list_past_its_time_fails_and_its_process_is_killed(make_app, pages, logs):
+    app, auth = started(make_app, SHOPPING_LIST_SECONDS=1.0)
+    client = app.test_client()
+    body = post_batch(client, auth, slow_week(pages)).get_json()
+    pid = list_process(client, auth, body["shopping_list_job_id"])
+
+    list_job = final_job(client, auth, body["shopping_list_job_id"])
+    assert (list_job["status"], list_job["error"]) == ("failed", TOO_SLOW)
+    wait_for(lambda: not Path(f"/proc/{pid}").exists())
+    assert "shopping list could not be made: past its time limit (1 s)" in logs.text
+
+
+def test_a_cancelled_list_stops_using_cpu_at_once(make_app, pages):
+    app, auth = started(make_app, JOB_KILL_GRACE_SECONDS=0.2)
+    client = app.test_client()
+    body = post_batch(client, auth, slow_week(pages)).get_json()
+    list_job = body["shopping_list_job_id"]
+    pid = list_process(client, auth, list_job)
+    wait_for(lambda: process_state(pid) == "R")
+
+    assert client.post(f"/api/v1/jobs/{list_job}/cancel", headers=auth).status_code == 202
+    wait_for(lambda: job(client, auth, list_job)["status"] == "cancelled")
+    wait_for(lambda: not Path(f"/proc/{pid}").exists())

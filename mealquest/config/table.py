@@ -424,6 +424,22 @@ SETTINGS: tuple[Setting, ...] = (
         "process (about 50 MB) of its own; the others wait queued while other kinds run",
     ),
     Setting(
+        "SHOPPING_LIST_SECONDS",
+        60.0,
+        rules.positive,
+        "time a shopping list's reading of its ingredient lines may take, on the wall clock "
+        "and of CPU, in a parser process, which is killed then: the list fails `the "
+        "shopping list took too long to make`. A list of 2,000 real lines reads in about 4 s "
+        "of CPU",
+    ),
+    Setting(
+        "SHOPPING_LISTS_PER_PROCESS",
+        2,
+        rules.whole(1),
+        "shopping lists that run at once in each process, each reading its lines in a "
+        "parser process of its own; the others wait queued while other kinds run",
+    ),
+    Setting(
         "RECIPE_IMPORT_RETRY_SECONDS",
         5.0,
         rules.positive,

@@ -17,6 +17,8 @@ a second, once per process, at the first list it makes.
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +28,20 @@ from typing import Any
 
 import pint
 
+logger = logging.getLogger(__name__)
+
 # The most lines one list reads (a hundred recipes of twenty lines), and the
 # longest line it reads: what a page's parse stored is bounded, this too.
 MAX_LINES = 2_000
 MAX_LINE_CHARS = 500
+# The model's cost grows faster than a line's tokens: about 2 ms for "2 cups
+# flour", 10-15 ms at this many, 150 ms for 500 commas. A line of more (as
+# `_too_many_tokens` counts them) is
+# listed as written, unread; real lines have well under half as many.
+MAX_LINE_TOKENS = 60
+# The largest amount summed, in grams, millilitres or a count (a tonne): a
+# larger one is no shopping, and sums of them stay finite.
+MAX_QUANTITY = 1_000_000.0
 
 _SHIPPED_NLTK_DATA = Path(__file__).resolve().parent / "nltk_data"
 # Units a line's first amount may name that hold its second amount: "2 x 400 g
@@ -92,15 +104,45 @@ def _parser() -> Any:
 
 
 def read_line(line: str) -> Reading:
-    """What `line` says: its food, and its amount where it can be summed."""
+    """What `line` says: its food, and its amount where it can be summed; a
+    line that cannot be read (too many tokens, or one the model fails on,
+    such as "2 nan breads" or "1/0 cup milk") is kept as written."""
     text = _SPACES.sub(" ", line).strip()[:MAX_LINE_CHARS]
-    if not text:
+    if not text or _too_many_tokens(text):
         return Reading(text, None)
-    parsed = _parser()(text)
-    food = " and ".join(name.text for name in parsed.name) or None
+    try:
+        parsed = _parser()(text)
+        food = " and ".join(name.text for name in parsed.name) or None
+        amounts = list(parsed.amount)
+    except Exception as error:
+        # The model is a library reading a stranger's text: whatever it
+        # fails with (ValueError for "nan", ZeroDivisionError for "1/0",
+        # OverflowError for a 400-digit number), the line is unread.
+        logger.info("ingredient line kept as written: the parser raised %s", type(error).__name__)
+        return Reading(text, None)
     if food is not None:
         food = food.strip().lower()
-    return _amount(text, food, list(parsed.amount))
+    try:
+        return _amount(text, food, amounts)
+    except (ArithmeticError, ValueError):  # 1e308 kg: past a float in grams
+        return Reading(text, food)
+
+
+def _too_many_tokens(text: str) -> bool:
+    """Whether `text` has more than `MAX_LINE_TOKENS`, counting a run of
+    letters as one and every other character but a space as one ("½" is a
+    number to the model, "250g" three digits and a unit): never fewer than
+    the model's own tokens."""
+    count = 0
+    in_word = False
+    for character in text:
+        if character.isalpha():
+            count += not in_word
+            in_word = True
+        else:
+            count += not character.isspace()
+            in_word = False
+    return count > MAX_LINE_TOKENS
 
 
 def _amount(text: str, food: str | None, amounts: list[Any]) -> Reading:
@@ -130,15 +172,23 @@ def _amount(text: str, food: str | None, amounts: list[Any]) -> Reading:
     unit = first.unit
     if isinstance(unit, str):
         if unit == "":
-            return Reading(text, food, value, None, summable=True)
+            return _bounded(Reading(text, food, value, None, summable=True))
         return Reading(text, food)  # a pinch, three cloves: as written
     for target, name in (("gram", "g"), ("milliliter", "ml")):
         try:
             converted = (value * unit).to(target).magnitude
         except pint.errors.PintError:  # another dimension (a mass is no volume)
             continue
-        return Reading(text, food, float(converted), name, summable=True)
+        return _bounded(Reading(text, food, float(converted), name, summable=True))
     return Reading(text, food)
+
+
+def _bounded(reading: Reading) -> Reading:
+    """`reading`, or the line as written if its amount is not a finite one to shop for."""
+    quantity = reading.quantity
+    if quantity is None or (math.isfinite(quantity) and 0 <= quantity <= MAX_QUANTITY):
+        return reading
+    return Reading(reading.text, reading.food)
 
 
 def _key(food: str) -> str:

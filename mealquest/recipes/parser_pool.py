@@ -1,4 +1,5 @@
-"""Recipe pages parsed in processes of their own, a few kept warm, each killed at its time limit.
+"""Recipe pages parsed (and shopping lists read) in processes of their own,
+a few kept warm, each killed at its time limit.
 
 A page can make parsing endless (see `mealquest.recipes.parser_process`),
 and neither a `gevent.Timeout` nor anything else stops a native thread: a
@@ -45,6 +46,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import gevent
@@ -323,13 +325,40 @@ class ParserPool:
         limit is a backstop for a parent that cannot see to it). PageUnreadable
         past either, or if the process ends without an answer (its memory
         limit, a crash); ParserFailed if the parsing library raised."""
+        header = {"task": "parse", "url": page.url, "content_type": page.content_type}
+        answer = self._run(header, page.body, seconds=seconds, cpu_seconds=cpu_seconds)
+        if "failed" in answer:
+            raise ParserFailed(str(answer["failed"]))
+        recipe = answer.get("recipe")
+        return None if recipe is None else ParsedRecipe(**recipe)
+
+    def merge(
+        self,
+        recipes: Sequence[tuple[str, Sequence[str]]],
+        *,
+        seconds: float,
+        cpu_seconds: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """The shopping list of `(title, ingredient lines)` of each recipe
+        (`ingredients.merge`, as `Item.as_dict`s), read in a parser process
+        within the same limits as a page's parse: PageUnreadable past them."""
+        body = json.dumps([[title, list(lines)] for title, lines in recipes]).encode()
+        answer = self._run({"task": "merge"}, body, seconds=seconds, cpu_seconds=cpu_seconds)
+        items = answer.get("items")
+        if not isinstance(items, list):
+            raise PageUnreadable("its parser process gave no list")
+        return items
+
+    def _run(
+        self, header: dict[str, Any], body: bytes, *, seconds: float, cpu_seconds: float | None
+    ) -> dict[str, Any]:
+        """The answer of a process of the pool to one task, within its limits."""
         process = self._take()
         if cpu_seconds is None:
             cpu_seconds = seconds + _CPU_BACKSTOP_SECONDS
-        header = {"url": page.url, "content_type": page.content_type, "cpu_seconds": cpu_seconds}
         self._busy.add(process)
         try:
-            answer = process.exchange(header, page.body, seconds)
+            answer = process.exchange({**header, "cpu_seconds": cpu_seconds}, body, seconds)
         except _TimeUp:
             self._kill(process, refill=True)
             raise PageUnreadable(f"past its time limit ({seconds:g} s)") from None
@@ -345,10 +374,7 @@ class ParserPool:
         self._give_back(process, retire=bool(answer.get("retire")))
         if "unreadable" in answer:
             raise PageUnreadable(f"past its {answer['unreadable']} limit")
-        if "failed" in answer:
-            raise ParserFailed(str(answer["failed"]))
-        recipe = answer.get("recipe")
-        return None if recipe is None else ParsedRecipe(**recipe)
+        return answer
 
     def busy_pids(self) -> list[int]:
         """The processes parsing now."""

@@ -1,9 +1,13 @@
-"""What runs in a recipe parser process: parse pages sent on stdin, answer on stdout.
+"""What runs in a recipe parser process: parse pages (or read a shopping
+list's ingredient lines) sent on stdin, answer on stdout.
 
 Parsing a page is CPU work that a page can make endless (Python's
 `html.parser`, which recipe-scrapers uses, is quadratic on a run of
 unclosed tags), and that neither a greenlet nor a native thread can be
-stopped in. A process can: this one is started by
+stopped in; reading ingredient lines is CPU work too (a model per line,
+whose cost a stranger's line can raise a hundredfold), which in gevent's
+thread pool held the threads that the DNS resolver shares. A process can
+be stopped: this one is started by
 `mealquest.recipes.parser_pool` with a fresh interpreter (never a fork of
 a service process: it holds nothing of the service's, no connection, no
 listening socket, no lock another thread held), and its parent kills it
@@ -32,10 +36,14 @@ ends even if its parent cannot see to it:
   quote the page's address).
 
 Frames, both ways: a 4-byte big-endian length, then that many bytes. A
-request is two frames, a JSON header (`url`, `content_type`,
-`cpu_seconds`) and the page's body; an answer is one JSON frame:
-`{"recipe": {...} or null}`, `{"failed": "<error type>"}` (the parsing
-library raised) or `{"unreadable": "memory"}`, with `"retire": true` when
+request is two frames, a JSON header (`task`, `cpu_seconds`, and for a page
+`url` and `content_type`) and a body; an answer is one JSON frame. A page
+(task `parse`, the body the page's bytes) is answered
+`{"recipe": {...} or null}` or `{"failed": "<error type>"}` (the parsing
+library raised); a list (task `merge`, the body the JSON
+`[[title, [line, ...]], ...]`) is answered `{"items": [...]}`
+(`ingredients.Item.as_dict`). Either may be answered
+`{"unreadable": "memory"}`, with `"retire": true` when
 the process ends after it (it grew past `RETIRE_GROWTH`, or ran out of
 memory). The first answer, once the libraries are imported, is
 `{"ready": true, "resident_limit": <bytes>}` (null where the resident size
@@ -53,6 +61,7 @@ import resource
 import signal
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mealquest.recipes.fetch import Page
@@ -169,6 +178,21 @@ def _parse(header: dict[str, Any], body: bytes) -> dict[str, Any]:
     return {"recipe": None if parsed is None else dataclasses.asdict(parsed)}
 
 
+def _merge(_header: dict[str, Any], body: bytes) -> dict[str, Any]:
+    # Imported at the first list, not at the start: most processes only
+    # ever parse pages, and the model costs 50 MB.
+    from mealquest.recipes import ingredients
+
+    recipes = [(str(title), [str(line) for line in lines]) for title, lines in json.loads(body)]
+    return {"items": [item.as_dict() for item in ingredients.merge(recipes)]}
+
+
+TASKS: dict[str, Callable[[dict[str, Any], bytes], dict[str, Any]]] = {
+    "parse": _parse,
+    "merge": _merge,
+}
+
+
 def serve(parent: int, memory_headroom: int) -> None:
     """Answer requests on stdin until it closes (or a limit ends the process)."""
     _die_with(parent)
@@ -199,7 +223,7 @@ def serve(parent: int, memory_headroom: int) -> None:
             return
         _limit_cpu(float(header["cpu_seconds"]))
         try:
-            answer = _parse(header, body)
+            answer = TASKS[header.get("task", "parse")](header, body)
         except MemoryError:
             answer = {"unreadable": "memory", "retire": True}
         del body

@@ -8,30 +8,40 @@ not succeed are named in `skipped`; with none succeeded there is no list,
 and the job fails with a message the household may read.
 
 Reading the lines is CPU work (a model per line, about 2 ms, and a third of
-a second to load it once per process): it runs in gevent's thread pool, so
-the process's other greenlets go on meanwhile. The lines are bounded
-(`ingredients.MAX_LINES`), so the thread ends in seconds even when the job's
-timeout stopped waiting for it.
+a second to load it once per process) whose cost a stranger's line can
+raise (`ingredients.MAX_LINE_TOKENS`): it runs in a parser process
+(`mealquest.recipes.parser_pool`), as a page's parse does, so the service's
+other greenlets go on meanwhile, and the process is killed at
+`MEALQUEST_SHOPPING_LIST_SECONDS`, or when the job is cancelled or times
+out. Never in gevent's thread pool: its threads cannot be stopped, and the
+DNS resolver shares them, so lists running there made other households'
+imports fail their name lookups.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
-import gevent
 from flask import Flask
 from marshmallow import Schema, fields
 
 from mealquest import jobs
 from mealquest.jobs import Failure, JobContext, KindOptions
 from mealquest.model.jobs import MAX_RESULT_BYTES
-from mealquest.recipes import ingredients
+from mealquest.recipes import parser_pool
+from mealquest.recipes.parser_pool import PageUnreadable
+
+logger = logging.getLogger(__name__)
 
 KIND = "shopping_list"
 NOTHING_IMPORTED = "none of the batch's recipes could be imported"
 NOT_A_BATCH = "a shopping list is made for a batch of recipe imports"
 TOO_LONG = "the shopping list is too long to keep"
+TOO_SLOW = "the shopping list took too long to make"
+# Above the reading's own limit: the list's reads and its write of the result.
+_START_AND_STORE_SECONDS = 30.0
 # Titles as a list's items name them: a page's title may be long.
 MAX_TITLE_CHARS = 120
 
@@ -71,7 +81,7 @@ class ShoppingListSchema(Schema):
     )
 
 
-def make_list(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def make_list(payload: dict[str, Any], ctx: JobContext, *, seconds: float) -> dict[str, Any]:
     outcome = ctx.batch()
     if outcome is None:
         raise Failure(NOT_A_BATCH)
@@ -82,25 +92,41 @@ def make_list(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if not recipes:
         raise Failure(NOTHING_IMPORTED)
     lines = [(recipe.title[:MAX_TITLE_CHARS], recipe.ingredients) for recipe in recipes]
-    items = gevent.get_hub().threadpool.apply(ingredients.merge, (lines,))
-    result = {
-        "recipes": len(recipes),
-        "items": [item.as_dict() for item in items],
-        "skipped": skipped,
-    }
+    try:
+        items = parser_pool.shared().merge(lines, seconds=seconds)
+    except PageUnreadable as error:
+        logger.warning(
+            "shopping list could not be made: %s",
+            error.reason,
+            extra={"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt},
+        )
+        raise Failure(TOO_SLOW) from None
+    result = {"recipes": len(recipes), "items": items, "skipped": skipped}
     if len(json.dumps(result)) > MAX_RESULT_BYTES:
         raise Failure(TOO_LONG)
     return result
 
 
 def init_app(app: Flask) -> None:
+    seconds = float(app.config["SHOPPING_LIST_SECONDS"])
+
+    def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        return make_list(payload, ctx, seconds=seconds)
+
     jobs.register(
         app,
         KIND,
-        make_list,
+        handler,
         payload=ShoppingListPayloadSchema,
         result=ShoppingListSchema,
-        # Reading a hundred recipes' lines takes seconds; a retry would only
-        # read them again, so one attempt, and a timeout far above that.
-        options=KindOptions(max_attempts=1, timeout_seconds=120.0),
+        # A retry would only read the same lines again, so one attempt.
+        options=KindOptions(
+            max_attempts=1,
+            timeout_seconds=seconds + _START_AND_STORE_SECONDS,
+            # Each running list holds a parser process: the cap bounds their
+            # memory however large the job pool is.
+            max_running_per_process=min(
+                int(app.config["SHOPPING_LISTS_PER_PROCESS"]), int(app.config["JOB_WORKERS"])
+            ),
+        ),
     )
