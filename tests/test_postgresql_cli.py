@@ -3,8 +3,11 @@ server that cannot be reached or a URL that cannot be used."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -66,3 +69,50 @@ def test_a_url_the_service_cannot_use_is_one_line_naming_the_key_and_no_password
     message = str(refused.value)
     assert message.startswith("MEALQUEST_DATABASE_URL: must ")
     assert "hunter2secret" not in message
+
+
+@contextlib.contextmanager
+def dark_host(how: str) -> Iterator[int]:
+    """A loopback port that never answers PostgreSQL: `silent` accepts the
+    connection and says nothing; `drops` has its accept queue full, so that
+    the kernel drops every new SYN (the client waits, as for a host that is off)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        if how == "silent":
+            listener.listen(16)
+        else:
+            listener.listen(0)
+            for _ in range(3):
+                filler = socket.socket()
+                filler.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    filler.connect(("127.0.0.1", port))
+                fillers.append(filler)
+        yield port
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+
+def first_host_dark(url: str, port: int) -> str:
+    """`url` with a dark host before its own, failing over to the read-write one."""
+    parts = urlsplit(url)
+    credentials, _, own_host = parts.netloc.rpartition("@")
+    netloc = f"{credentials}@127.0.0.1:{port},{own_host}"
+    return parts._replace(netloc=netloc, query="target_session_attrs=read-write").geturl()
+
+
+@pytest.mark.parametrize("how", ["silent", "drops"])
+def test_a_failover_url_whose_first_host_is_dark_reaches_the_second(runner, how):
+    assert runner.invoke(args=["db", "upgrade"]).exit_code == 0
+    url = runner.app.config["DATABASE_URL"]
+    with dark_host(how) as port:
+        app = create_app({"TESTING": True, "DATABASE_URL": first_host_dark(url, port)})
+        created = app.test_cli_runner().invoke(args=["households", "create", "The Smiths"])
+        assert created.exit_code == 0, created.output
+        listed = app.test_cli_runner().invoke(args=["households", "list"])
+        assert listed.exit_code == 0, listed.output
+        assert "The Smiths" in listed.output

@@ -31,6 +31,7 @@ the URL and its password never appear in an error or a log line.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -271,13 +272,38 @@ class PostgresStore:
             **never_prepare,
             "autocommit": True,
             "row_factory": dict_row,
-            # libpq counts whole seconds and waits at least 2.
-            "connect_timeout": max(2, math.ceil(self.busy_timeout_seconds)),
+            "connect_timeout": self.connect_attempt_seconds,
             # A peer that vanished (host down, network cut, a failover) is
             # noticed by TCP: no statement or LISTEN waits on it for longer.
             **dead_socket_options(self.dead_socket_seconds),
             "application_name": "mealquest",
         }
+
+    @functools.cached_property
+    def hosts(self) -> int:
+        """How many hosts the URL names (`postgresql://H1,H2/db`): each is tried in turn."""
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            named = str(conninfo_to_dict(self.url).get("host") or "")
+        except psycopg.Error:  # an invalid URL is refused where the pool opens
+            return 1
+        return max(1, len(named.split(",")))
+
+    @functools.cached_property
+    def connect_attempt_seconds(self) -> int:
+        """Each host's share of the wait for a connection, so that a first host
+        that never answers leaves time for the next one (with the whole wait
+        each, a dark first host used it all, and a live second one was never
+        tried). libpq counts whole seconds and waits at least 2."""
+        return max(2, math.floor(self.busy_timeout_seconds / self.hosts))
+
+    @functools.cached_property
+    def connect_wait_seconds(self) -> float:
+        """How long a caller waits for a connection: the busy timeout, or
+        longer where the hosts' shares at libpq's 2 s least do not fit in it."""
+        return max(self.busy_timeout_seconds, self.hosts * self.connect_attempt_seconds + 1.0)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         # Set once per connection (not as a startup option, which PgBouncer refuses).
@@ -319,7 +345,7 @@ class PostgresStore:
             # after 10 idle minutes, so an idle process holds none for long.
             min_size=0,
             max_size=self.pool_size,
-            timeout=self.busy_timeout_seconds,
+            timeout=self.connect_wait_seconds,
             # After an outage, give up retrying a lost connection soon: the
             # next caller then connects at once instead of after a backoff.
             reconnect_timeout=max(2.0, self.busy_timeout_seconds),
@@ -404,10 +430,10 @@ class PostgresStore:
         pool = self._open_pool()
         import psycopg
 
-        deadline = time.monotonic() + self.busy_timeout_seconds
         try:
             # The pool's own timeout ends this wait (connecting happens in its workers).
-            conn = pool.getconn(timeout=self.busy_timeout_seconds)
+            conn = pool.getconn(timeout=self.connect_wait_seconds)
+            deadline = time.monotonic() + self.busy_timeout_seconds
             try:
                 return self._work_on(conn, work, deadline)
             finally:
