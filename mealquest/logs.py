@@ -7,8 +7,10 @@ response carries).
 
 Two formats (`MEALQUEST_LOG_FORMAT`): `text`, one readable line per record,
 and `json`, one JSON object per line for a log pipeline. Both show the same
-message: what a caller masks before logging (URLs' secrets) is masked in
-either, and `json.dumps` escapes every character that could end the line.
+message, masked by the function that masks the lines handlers keep
+(`mealquest.masking.mask_text`: URLs' secrets, tokens, `Bearer …`,
+`password=…`), tracebacks included; `json.dumps` escapes every character
+that could end the line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
+
+from mealquest.masking import mask_text
 
 _CONTEXT_KEYS = ("job_id", "kind", "attempt", "household_id", "count", "trace_id")
 _HANDLER_NAME = "mealquest-stderr"
@@ -98,6 +102,13 @@ class ContextFormatter(logging.Formatter):
             context.append(f"trace_id={trace_id}")
         return f"{line} [{' '.join(context)}]" if context else line
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = mask_text(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return mask_text(super().formatException(ei))
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: `time` (RFC 3339 UTC), `level`, `logger`,
@@ -113,7 +124,7 @@ class JsonFormatter(logging.Formatter):
             "time": f"{self._seconds.text(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": mask_text(record.getMessage()),
             "pid": record.process,
         }
         fields = record.__dict__
@@ -127,7 +138,7 @@ class JsonFormatter(logging.Formatter):
         if trace_id is not None:
             entry["trace_id"] = trace_id
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = mask_text(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
 
 

@@ -1,4 +1,4 @@
-"""Masking secrets that travel in URLs before a job is shown to an operator.
+"""Masking secrets in text before it is shown to an operator: in URLs, and the credentials a line may quote.
 
 A household's payload may carry a URL with a token in its query (a signed
 link, `?token=...`), its fragment or its user info. Whatever shows jobs to
@@ -15,6 +15,14 @@ refuses), and everything in that run that the URL's syntax could make a
 credential is masked: anything glued to a URL is masked with it rather than
 shown. Every `://` in the run starts a URL of its own, so an address
 written right after another has its own user info masked too.
+
+Beyond URLs, a text may quote a credential outright, and is masked there
+too: a service token (`mq_…`, `mqop_…`), what follows `Bearer`, the value of
+a `password=`, `secret:`, `token=` (and the like), and the user info, query
+and fragment of an address written without its scheme
+(`user:pw@db.example/x`, `recipes.example/r?sig=…`). The job log lines
+handlers keep (`ctx.log`) and the service's own log lines (`mealquest.logs`)
+are masked by this one function, `mask_text`.
 """
 
 from __future__ import annotations
@@ -31,14 +39,30 @@ _AUTHORITY_END = re.compile(r"[/?#]")
 # A query parameter's name that is shown: one that looks like a name. Any
 # other (one made by a raw `&` inside a value, say) is masked with its value.
 _NAME = re.compile(r"[A-Za-z0-9_.~%\[\]-]{1,64}")
+# Credentials quoted outright; group 1 is what is masked. Each is looked for
+# only where a plain substring test finds its mark: every log line of the
+# service is masked, and most have none of them.
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_])mq(?:op)?_([A-Za-z0-9_-]+)")
+_BEARER = re.compile(r"(?i:\bbearer)\s+(\S+)")
+_ASSIGNMENT_NAMES = ("password", "passwd", "pwd", "secret", "token", "api_key", "apikey")
+_ASSIGNMENT = re.compile(
+    r"(?i:\b(?:password|passwd|pwd|secret|token|access_token|api_?key))\s*[=:]\s*([^\s&;,]*)"
+)
+# An address without its scheme: a dotted host name, with user info, a path,
+# a query or a fragment (one with `://` before it is a URL's, masked as such).
+_SCHEMELESS = re.compile(
+    r"(?<![A-Za-z0-9+.:/@-])(?P<user>[^\s/@:]+:[^\s/@]*@)?"
+    r"(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?::[0-9]+)?(?:/[^\s?#]*)?"
+    r"(?:\?(?P<query>[^\s#]*))?(?:#(?P<fragment>\S*))?"
+)
 
 Span = tuple[int, int]
 
 
 def mask(value: Any) -> Any:
-    """`value` with every URL in it masked, through dicts, lists and strings."""
+    """`value` with every URL and credential in it masked, through dicts, lists and strings."""
     if isinstance(value, str):
-        return _masked_text(value)
+        return mask_text(value)
     if isinstance(value, dict):
         return {key: mask(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -48,14 +72,39 @@ def mask(value: Any) -> Any:
 
 def mask_url(url: str) -> str:
     """Query values, the fragment and user info of `url` replaced by `***`."""
-    return _masked_text(url)
+    return mask_text(url)
 
 
-def _masked_text(text: str) -> str:
+def mask_text(text: str) -> str:
+    """`text` with the secrets of every URL and every credential it quotes replaced by `***`."""
     spans: list[Span] = []
-    for found in URL_IN_TEXT.finditer(text):
-        spans += _secrets(text, found.start(), found.end())
+    if "://" in text:
+        for found in URL_IN_TEXT.finditer(text):
+            spans += _secrets(text, found.start(), found.end())
+    if "mq" in text:
+        spans += [found.span(1) for found in _TOKEN.finditer(text)]
+    lowered = text.lower()
+    if "bearer" in lowered:
+        spans += [found.span(1) for found in _BEARER.finditer(text)]
+    if any(name in lowered for name in _ASSIGNMENT_NAMES):
+        spans += [found.span(1) for found in _ASSIGNMENT.finditer(text)]
+    if "@" in text or "?" in text or "#" in text:
+        for found in _SCHEMELESS.finditer(text):
+            spans += _schemeless_secrets(text, found)
     return _replaced(text, spans)
+
+
+def _schemeless_secrets(text: str, found: re.Match[str]) -> list[Span]:
+    spans: list[Span] = []
+    if found.group("user") is not None:
+        start, end = found.span("user")
+        spans.append((start, end - 1))  # the `@` shown, as in a URL
+    if found.group("query") is not None:
+        start, end = found.span("query")
+        spans += _query_secrets(text, start, end, set())
+    if found.group("fragment") is not None:
+        spans.append(found.span("fragment"))
+    return spans
 
 
 def _secrets(text: str, start: int, end: int) -> list[Span]:

@@ -7,12 +7,14 @@ through the real pool."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
 from mealquest.jobs.job_log import MAX_BYTES, MAX_LINES
 from mealquest.jobs.retention import prune
 from mealquest.jobs.service import get_jobs
+from mealquest.logs import ContextFormatter, JsonFormatter
 from mealquest.model.jobs import Status
 from mealquest.operator_actions import erasure
 from mealquest.operators import create_operator
@@ -100,3 +102,27 @@ def test_the_lines_go_with_their_job_and_with_their_household(app, household, st
     job_id, _ = run(app, household, lines=2, text="hello")
     erasure.erase(store, get_jobs(app), household.household_id, None, wait_seconds=5)
     assert get_jobs(app).log_lines(job_id) == []
+
+
+# What the review found reaching operators unmasked through `ctx.log`.
+QUOTED_SECRETS = [
+    ("token mq_Zm9vYmFyYmF6cXV4", "token mq_***"),
+    ("sent Authorization: Bearer abc.DEF-123", "sent Authorization: Bearer ***"),
+    ("connect password=hunter2 host=db", "connect password=*** host=db"),
+    ("fetch recipes.example/r?sig=hunter2", "fetch recipes.example/r?sig=***"),
+    ("via cook:hunter2@db.example:5432/x", "via ***@db.example:5432/x"),
+]
+
+
+@pytest.mark.parametrize(("text", "masked"), QUOTED_SECRETS)
+def test_a_handlers_lines_and_the_services_lines_mask_alike(app, household, text, masked):
+    job_id, job = run(app, household, lines=1, text=text)
+    assert job.status == Status.SUCCEEDED
+    [line] = get_jobs(app).log_lines(job_id)
+    assert line.message == f"attempt 1 says: {masked}"
+
+    record = logging.LogRecord("mealquest.x", logging.INFO, "", 0, "says: %s", (text,), None)
+    for formatter in (ContextFormatter("%(message)s"), JsonFormatter()):
+        shown = formatter.format(record)
+        assert "hunter2" not in shown and "Zm9vYmFy" not in shown and "DEF-123" not in shown
+        assert masked in shown

@@ -42,7 +42,8 @@ def test_mask_finds_urls_anywhere_in_nested_values():
     assert masked["url"] == "https://x.example/r?token=***"
     assert masked["pages"] == ["see https://y.example/?k=*** and ftp://***@z.example/f", 7]
     assert masked["nested"] == {"deeper": ["https://x.example/#***", None, True]}
-    assert masked["note"] == "no address here ?token=kept"
+    # A credential's name with its value is masked wherever it is written.
+    assert masked["note"] == "no address here ?token=***"
     assert value["url"].endswith("SECRET1")  # the input is left as it was
 
 

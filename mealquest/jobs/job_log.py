@@ -5,9 +5,10 @@ Operators follow one job by what its handler said: `ctx.log.info("fetched
 shown on the dashboard's job page and by `flask jobs show`, never in the
 households' API. It is bounded, so a chatty handler cannot fill the table:
 at most `MAX_LINES` lines and `MAX_BYTES` of text an attempt, the last of
-them saying how many more were not kept. Each line is masked as every job
-field shown to operators is (a URL's query values, fragment and user info),
-and made storable by both databases. The lines are written when the attempt
+them saying how many more were not kept. Each line is masked by the function
+that masks the service's own log lines (`masking.mask_text`: a URL's query
+values, fragment and user info, tokens, `Bearer …`, `password=…`, addresses
+without their scheme), and made storable by both databases. The lines are written when the attempt
 ends, fenced on its lease: a handler whose job was taken back keeps none.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from mealquest.clock import to_text, utc_now
 from mealquest.jobs.outcome import bounded_failure_message
-from mealquest.masking import mask
+from mealquest.masking import mask_text
 from mealquest.model.jobs import LogLine
 from mealquest.storable import storable_text
 
@@ -65,7 +66,7 @@ class JobLog:
         except (TypeError, ValueError):
             # As logging does with a bad format: the line, not a failed job.
             text = f"{message} {args!r}"
-        text = mask(storable_text(bounded_failure_message(text)))
+        text = mask_text(storable_text(bounded_failure_message(text)))
         size = len(text.encode())
         full = len(self._lines) >= MAX_LINES - 1 or self._bytes + size > MAX_BYTES - _NOTE_BYTES
         if full or self._dropped:
