@@ -20,6 +20,13 @@ the enqueuing span's, and so continue the trace. With tracing off there is
 no current span, so nothing is stored and no attempt reads anything: the
 cost is one look at a context variable per enqueue.
 
+A request's own `traceparent` header is not trusted by default
+(`MEALQUEST_TRACING_TRUST_INCOMING`): a client would choose the trace id of
+its request and of every job it enqueues, and its sampled flag would
+override the operator's sampler. The header is taken off the request before
+the instrumentation reads it, so the request starts a trace of its own, and
+its span links to the client's (a valid one), which a collector can follow.
+
 The SDK is set up once per process, in the process that serves (gunicorn
 loads the app in each worker after its fork, never before it: see
 `gunicorn.conf.py`), so the batch processor's thread is the worker's own.
@@ -46,6 +53,8 @@ _ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES
 # Probes and scrapes, every few seconds each: spans nobody follows.
 _UNTRACED_URLS = "healthz,metrics"
 _PROPAGATOR = TraceContextTextMapPropagator()
+# Where an untrusted request's own `traceparent` is kept, for the link.
+_CLIENT_TRACEPARENT = "mealquest.client_traceparent"
 # Outcomes that end an attempt's span with an error status.
 _ERRORS = frozenset({"failed", "retried"})
 
@@ -67,7 +76,39 @@ def init_app(app: Any) -> None:
 
     install_provider()
     excluded = os.environ.get("OTEL_PYTHON_FLASK_EXCLUDED_URLS", _UNTRACED_URLS)
-    FlaskInstrumentor().instrument_app(app, excluded_urls=excluded)
+    if app.config["TRACING_TRUST_INCOMING"]:
+        FlaskInstrumentor().instrument_app(app, excluded_urls=excluded)
+        return
+    FlaskInstrumentor().instrument_app(
+        app, excluded_urls=excluded, request_hook=_link_to_the_clients_trace
+    )
+    # Outermost, so that the header is gone before the instrumentation looks.
+    app.wsgi_app = _UntrustedTraceHeaders(app.wsgi_app)
+
+
+class _UntrustedTraceHeaders:
+    """WSGI middleware: moves a request's trace headers aside (see the module)."""
+
+    def __init__(self, wsgi_app: Any) -> None:
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        header = environ.pop("HTTP_TRACEPARENT", None)
+        environ.pop("HTTP_TRACESTATE", None)
+        if header is not None:
+            environ[_CLIENT_TRACEPARENT] = header
+        return self.wsgi_app(environ, start_response)
+
+
+def _link_to_the_clients_trace(span: Span, environ: Mapping[str, Any]) -> None:
+    header = environ.get(_CLIENT_TRACEPARENT)
+    if header is None or not span.is_recording():
+        return
+    client = trace.get_current_span(
+        _PROPAGATOR.extract({"traceparent": header}, context=Context())
+    ).get_span_context()
+    if client.is_valid:
+        span.add_link(client, {"mealquest.link": "client traceparent, not trusted"})
 
 
 def install_provider() -> Any:

@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from mealquest import tracing
 from mealquest.extensions import get_store
+from mealquest.households import create_household
 from mealquest.jobs import JobRequest
 from mealquest.jobs.service import get_jobs
 from mealquest.logs import JsonFormatter
@@ -244,3 +245,56 @@ def test_an_attempt_whose_enqueuer_was_not_traced_is_a_trace_of_its_own(
     assert not span.links
     assert span.attributes is not None
     assert span.attributes["mealquest.job.outcome"] == "succeeded"
+
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+def post_with_traceparent(app: Flask, flags: str) -> str:
+    """An import posted with the client's own `traceparent`; its job's id."""
+    token = create_household(get_store(app), "The Tracers").token
+    answer = app.test_client().post(
+        "/api/v1/recipe-imports",
+        json={"url": "https://recipes.example/soup"},
+        headers={
+            "Authorization": f"Bearer {token}",
+            "traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-{flags}",
+        },
+    )
+    assert answer.status_code == 202, answer.get_json()
+    return answer.get_json()["id"]
+
+
+def stored_trace_id(app: Flask, job_id: str) -> str | None:
+    store = get_store(app)
+    stored = store.read(store.jobs.traceparents, [job_id])
+    return tracing.trace_id_of(stored[job_id]) if job_id in stored else None
+
+
+def test_a_clients_traceparent_is_linked_not_continued(make_app, spans):
+    app = make_app(TRACING=True)
+    job_id = post_with_traceparent(app, "01")
+
+    post = request_span(spans, "POST", "/api/v1/recipe-imports")
+    own = format(post.context.trace_id, "032x")
+    assert own != CLIENT_TRACE
+    assert post.parent is None
+    assert [format(link.context.trace_id, "032x") for link in post.links] == [CLIENT_TRACE]
+    # The job is in the service's trace, not the client's.
+    assert stored_trace_id(app, job_id) == own
+
+
+def test_a_clients_sampled_flag_does_not_decide_what_is_traced(make_app, spans):
+    # The client says "not sampled"; the operator's sampler (always, here) decides.
+    app = make_app(TRACING=True)
+    job_id = post_with_traceparent(app, "00")
+    post = request_span(spans, "POST", "/api/v1/recipe-imports")
+    assert stored_trace_id(app, job_id) == format(post.context.trace_id, "032x")
+
+
+def test_a_trusted_traceparent_is_continued(make_app, spans):
+    app = make_app(TRACING=True, TRACING_TRUST_INCOMING=True)
+    job_id = post_with_traceparent(app, "01")
+    post = request_span(spans, "POST", "/api/v1/recipe-imports")
+    assert format(post.context.trace_id, "032x") == CLIENT_TRACE
+    assert stored_trace_id(app, job_id) == CLIENT_TRACE

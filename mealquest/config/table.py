@@ -301,6 +301,16 @@ SETTINGS: tuple[Setting, ...] = (
         "[Tracing](../operations/tracing.md)",
     ),
     Setting(
+        "TRACING_TRUST_INCOMING",
+        False,
+        rules.flag,
+        "continue the trace a request's `traceparent` header names (its trace id and its "
+        "sampled flag). Off, a request starts a trace of its own, sampled by the "
+        "service's sampler, with a link to the client's: a client chooses neither the trace "
+        "its jobs are in nor what is sampled. On only behind a proxy that sets the header "
+        "itself. See [Tracing](../operations/tracing.md)",
+    ),
+    Setting(
         "JOB_CRON_CATCHUP_SECONDS",
         3600.0,
         rules.positive,
