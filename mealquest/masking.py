@@ -1,4 +1,4 @@
-"""Masking secrets in text before it is shown to an operator: in URLs, and the credentials a line may quote.
+"""Masking secrets in text shown to operators: in URLs, and credentials a line quotes.
 
 A household's payload may carry a URL with a token in its query (a signed
 link, `?token=...`), its fragment or its user info. Whatever shows jobs to

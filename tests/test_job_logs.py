@@ -124,5 +124,6 @@ def test_a_handlers_lines_and_the_services_lines_mask_alike(app, household, text
     record = logging.LogRecord("mealquest.x", logging.INFO, "", 0, "says: %s", (text,), None)
     for formatter in (ContextFormatter("%(message)s"), JsonFormatter()):
         shown = formatter.format(record)
-        assert "hunter2" not in shown and "Zm9vYmFy" not in shown and "DEF-123" not in shown
+        for secret in ("hunter2", "Zm9vYmFy", "DEF-123"):
+            assert secret not in shown
         assert masked in shown

@@ -15,6 +15,7 @@ import gevent
 import pytest
 from flask import Flask
 
+from mealquest.db.driver import Store
 from mealquest.extensions import get_store
 from mealquest.households import create_household
 from mealquest.jobs.service import get_jobs
@@ -345,3 +346,60 @@ def test_a_cancelled_list_stops_using_cpu_at_once(make_app, pages):
     assert client.post(f"/api/v1/jobs/{list_job}/cancel", headers=auth).status_code == 202
     wait_for(lambda: job(client, auth, list_job)["status"] == "cancelled")
     wait_for(lambda: not Path(f"/proc/{pid}").exists())
+
+
+def post_keyed_batch(client, auth, key, urls, shopping_list=True):
+    return client.post(
+        "/api/v1/recipe-imports/batch",
+        json={"urls": urls, "shopping_list": shopping_list},
+        headers={**auth, "Idempotency-Key": key},
+    )
+
+
+def unstarted(make_app) -> tuple[Flask, Store, dict[str, str]]:
+    """An app whose pool is not started (nothing runs, nothing is fetched), its
+    store, and a household's header (the module's `app`, which `auth` needs,
+    would start a pool)."""
+    app = make_app(ALLOW_PRIVATE_URLS=True)
+    store = get_store(app)
+    token = create_household(store, "The Smiths").token
+    return app, store, {"Authorization": f"Bearer {token}"}
+
+
+def test_a_batch_repeated_with_its_key_is_the_same_batch(make_app):
+    app, store, auth = unstarted(make_app)
+    client = app.test_client()
+    urls = [f"https://recipes.example/{i}" for i in range(3)]
+    first = post_keyed_batch(client, auth, "week-49", urls)
+    assert first.status_code == 202, first.get_json()
+
+    again = post_keyed_batch(client, auth, "week-49", urls)
+    assert again.status_code == 200, again.get_json()
+    assert again.get_json() == first.get_json()
+    assert again.headers["Location"] == first.headers["Location"]
+    assert (count(store, "batches"), count(store, "jobs")) == (1, 4)
+
+    # The key with another batch is refused, and writes nothing.
+    for other in (urls[:2], [*urls[:2], "https://recipes.example/9"]):
+        reused = post_keyed_batch(client, auth, "week-49", other)
+        assert reused.status_code == 422
+        assert reused.get_json()["error"]["code"] == "idempotency_key_reused"
+    reused = post_keyed_batch(client, auth, "week-49", urls, shopping_list=False)
+    assert reused.status_code == 422
+    assert (count(store, "batches"), count(store, "jobs")) == (1, 4)
+
+    # Another key makes another batch.
+    assert post_keyed_batch(client, auth, "week-50", urls).status_code == 202
+    assert count(store, "batches") == 2
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "two words", "caf\u00e9"])
+def test_a_batch_with_a_malformed_key_is_refused_and_writes_nothing(make_app, key):
+    app, store, auth = unstarted(make_app)
+    client = app.test_client()
+    answer = post_keyed_batch(client, auth, key, ["https://recipes.example/a"])
+    assert answer.status_code == 400
+    error = answer.get_json()["error"]
+    assert error["code"] == "validation_error"
+    assert list(error["fields"]) == ["Idempotency-Key"]
+    assert count(store, "jobs") == 0

@@ -719,6 +719,10 @@ class BatchStatements(Protocol):
 
     def batch_job_ids(self, conn: Reads, batch_id: str, /) -> list[str]: ...
 
+    def batch_of_member(self, conn: Reads, job_id: str, /) -> str | None:
+        """The id of the batch that job is a member of, if any."""
+        ...
+
     def batch_outcome(self, conn: Reads, callback_job_id: str, /) -> BatchOutcome | None:
         """The members by outcome of the batch whose callback that job is."""
         ...

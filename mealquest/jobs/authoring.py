@@ -97,7 +97,9 @@ def enqueue_batch(
     *,
     on_complete: JobRequest | None = None,
     tx: Transaction | None = None,
+    unique_key: str | None = None,
 ) -> Batched:
     """Store a household's jobs as one batch, with the job that runs once
-    every one of them is final (see `JobService.enqueue_batch`)."""
-    return get_jobs().enqueue_batch(requests, on_complete=on_complete, tx=tx)
+    every one of them is final, idempotent with `unique_key` (see
+    `JobService.enqueue_batch`)."""
+    return get_jobs().enqueue_batch(requests, on_complete=on_complete, tx=tx, unique_key=unique_key)

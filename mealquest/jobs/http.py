@@ -102,11 +102,16 @@ def enqueue(kind: str, payload: Mapping[str, Any], key: str | None) -> Enqueued:
     try:
         return get_jobs().insert(kind, payload, household_id=current_household().id, unique_key=key)
     except IdempotencyKeyReused:
-        raise APIError(
-            422,
-            "idempotency_key_reused",
-            f"that {IDEMPOTENCY_HEADER} was already used with another request",
-        ) from None
+        raise key_reused() from None
+
+
+def key_reused() -> APIError:
+    """`422 idempotency_key_reused`: the key was used with another request."""
+    return APIError(
+        422,
+        "idempotency_key_reused",
+        f"that {IDEMPOTENCY_HEADER} was already used with another request",
+    )
 
 
 def answer(enqueued: Enqueued) -> Answer:

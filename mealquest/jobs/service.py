@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from mealquest.db.errors import (
 from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing, quota, retention
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
-from mealquest.jobs.errors import PoolAlreadyStarted, TooManyJobs
+from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted, TooManyJobs
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
@@ -57,10 +58,24 @@ class Batched:
     batch_id: str
     job_ids: list[str]
     callback_job_id: str | None = None
+    # False: a repeat of the request that made it, with the same idempotency key.
+    created: bool = True
 
 
 class _AtQuota(Exception):
     """Raised inside the enqueue's transaction to roll it back."""
+
+
+class _BatchRepeated(Exception):
+    """Raised inside a batch's transaction to roll it back: its key's holder
+    (the job named) is the first member of the batch the same request made."""
+
+
+def _batch_digest(jobs: Sequence[NewJob]) -> str:
+    """What tells a repeat of a batch's request from another: its jobs' kinds
+    and canonical payloads, in order."""
+    request = "\n".join(f"{job.kind}\n{job.payload}" for job in jobs)
+    return hashlib.sha256(f"batch\n{request}".encode()).hexdigest()
 
 
 class JobService:
@@ -189,6 +204,7 @@ class JobService:
         on_complete: JobRequest | None = None,
         tx: Transaction | None = None,
         within_quota: bool = True,
+        unique_key: str | None = None,
     ) -> Batched:
         """Enqueue a household's jobs as one batch, in one transaction, all or
         nothing (as `enqueue_many`), with `on_complete`, its callback: a job
@@ -197,6 +213,12 @@ class JobService:
         outcome). It is the service's own follow-up, so the quota does not
         count it. Members take no idempotency key and no `depends_on` (the
         batch is what they are enqueued as).
+
+        With `unique_key`, the batch is idempotent as a keyed job is: the
+        same batch again (its members' and callback's kinds and payloads, in
+        order) answers the batch it made (`created` False) and makes nothing;
+        another request with the key is IdempotencyKeyReused. Its first member
+        holds the key, for the whole batch.
         """
         if not 1 <= len(requests) <= MAX_BATCH_JOBS:
             raise ValidationError({"jobs": [f"a batch holds 1 to {MAX_BATCH_JOBS:,} jobs"]})
@@ -226,20 +248,46 @@ class JobService:
                     {"on_complete": error.normalized_messages().get(0, {})}
                 ) from None
             callback = dataclasses.replace(callback, needs_success=False)
+        if unique_key is not None:
+            jobs[0] = dataclasses.replace(
+                jobs[0],
+                unique_key=enqueueing.check_unique_key(unique_key),
+                request_digest=_batch_digest([*jobs, *([callback] if callback else [])]),
+            )
         batch = NewBatch(
             enqueueing.new_job_id(),
             household_id,
             tuple(job.job_id for job in jobs),
             None if callback is None else callback.job_id,
         )
-        written = self._write(
-            [*jobs, *([callback] if callback else [])],
-            tx,
-            within_quota=within_quota,
-            batch=batch,
-        )
+        try:
+            written = self._write(
+                [*jobs, *([callback] if callback else [])],
+                tx,
+                within_quota=within_quota,
+                batch=batch,
+            )
+        except _BatchRepeated as repeated:
+            return self._made_batch(str(repeated.args[0]), household_id)
         return Batched(
             batch.batch_id, [e.job_id for e in written[: len(jobs)]], batch.callback_job_id
+        )
+
+    def _made_batch(self, first_member: str, household_id: int) -> Batched:
+        """The batch whose first member holds a repeated request's key."""
+        batch_id = self.store.read(self.store.batches.batch_of_member, first_member)
+        batch = (
+            None
+            if batch_id is None
+            else self.store.read(self.store.batches.get_batch, batch_id, household_id)
+        )
+        if batch is None:  # pruned since: the key went with it
+            raise IdempotencyKeyReused()
+        return Batched(
+            batch.id,
+            [member.job_id for member in batch.members],
+            batch.callback_job_id,
+            created=False,
         )
 
     def _write(
@@ -258,6 +306,9 @@ class JobService:
 
         def insert(tx: Transaction) -> list[Enqueued]:
             done = enqueueing.insert_all(tx, self.store.jobs, jobs)
+            if batch is not None and not done[0].created:
+                # Its first member's key is held: the batch was made already.
+                raise _BatchRepeated(done[0].job_id)
             waiting = [
                 job
                 for job, enqueued in zip(jobs, done, strict=True)

@@ -313,6 +313,9 @@ class NewJob:
     needs_success: bool = True
     # The W3C traceparent of the span it was enqueued under (tracing on).
     traceparent: str | None = None
+    # What its `unique_key` stands for when that is more than this job: a
+    # batch's key is held by its first member, for the whole batch's request.
+    request_digest: str | None = None
 
     @property
     def due_now(self) -> bool:
@@ -325,6 +328,8 @@ class NewJob:
         the same request)."""
         if self.unique_key is None:
             return None
+        if self.request_digest is not None:
+            return self.request_digest
         return hashlib.sha256(f"{self.kind}\n{self.payload}".encode()).hexdigest()
 
 

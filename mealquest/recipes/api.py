@@ -12,6 +12,7 @@ from mealquest.errors import not_found
 from mealquest.extensions import get_store
 from mealquest.jobs import JobRequest, enqueue_batch
 from mealquest.jobs import http as jobs_http
+from mealquest.jobs.errors import IdempotencyKeyReused
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
 from mealquest.recipes import shopping_list
@@ -51,7 +52,9 @@ def create_import(body: dict[str, Any]) -> dict[str, Any]:
     body=_batch_schema,
     response=_batch_answer_schema,
     status=202,
-    errors=(429,),
+    also={200: "a repeat of an earlier request with the same `Idempotency-Key`: the batch it made"},
+    errors=(422, 429),
+    headers=(jobs_http.IDEMPOTENCY_HEADER_PARAMETER,),
     response_headers={
         "Location": {
             "description": "the batch's URL",
@@ -67,23 +70,30 @@ def create_import_batch() -> tuple[dict[str, Any], int, dict[str, str]]:
     household's quota counts each import (not the list). A bad item is `400`
     naming its index, and nothing is written. The body as a whole is bounded
     as every body is (`MEALQUEST_MAX_CONTENT_LENGTH`, `413`). Watch the batch at
-    `GET /api/v1/batches/{batch_id}` (or its `/events`).
+    `GET /api/v1/batches/{batch_id}` (or its `/events`). With an
+    `Idempotency-Key`, the same body again answers `200` with the batch it
+    made, and the key with another body is `422`, as for a single import.
     """
+    key = jobs_http.idempotency_key()
     body = _batch_schema.load(request.get_json())
     household_id = current_household().id
-    batched = enqueue_batch(
-        [JobRequest(KIND, {"url": url}, household_id) for url in body["urls"]],
-        on_complete=(
-            JobRequest(shopping_list.KIND, {}, household_id) if body["shopping_list"] else None
-        ),
-    )
+    try:
+        batched = enqueue_batch(
+            [JobRequest(KIND, {"url": url}, household_id) for url in body["urls"]],
+            on_complete=(
+                JobRequest(shopping_list.KIND, {}, household_id) if body["shopping_list"] else None
+            ),
+            unique_key=key,
+        )
+    except IdempotencyKeyReused:
+        raise jobs_http.key_reused() from None
     answer = {
         "batch_id": batched.batch_id,
         "jobs": batched.job_ids,
         "shopping_list_job_id": batched.callback_job_id,
     }
     location = url_for("api.batches.get_batch", batch_id=batched.batch_id)
-    return answer, 202, {"Location": location}
+    return answer, 202 if batched.created else 200, {"Location": location}
 
 
 @recipes_bp.get("/<recipe_id>")

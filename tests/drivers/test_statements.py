@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 
+from mealquest.model.batches import NewBatch
 from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, UnknownHousehold, UnknownToken
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
@@ -478,3 +479,22 @@ def test_recipes_are_scoped_to_the_household_and_listed_newest_first(store, hous
     assert (
         store.read(store.recipes.list_recipes, household_id=other, before_seq=None, limit=5) == []
     )
+
+
+# -- batches -------------------------------------------------------------------------------------
+
+
+def test_a_batch_is_found_from_its_members_and_read_in_their_order(store, household):
+    first, second, callback = (enqueue(store, household) for _ in range(3))
+    batch = NewBatch("b" * 32, household, (first, second), callback)
+    store.write(store.batches.insert_batch, batch)
+
+    assert store.read(store.batches.batch_of_member, first) == batch.batch_id
+    assert store.read(store.batches.batch_of_member, second) == batch.batch_id
+    assert store.read(store.batches.batch_of_member, callback) is None  # no member
+    assert store.read(store.batches.batch_of_member, "no-such-job") is None
+    assert store.read(store.batches.batch_job_ids, batch.batch_id) == [first, second]
+    read = store.read(store.batches.get_batch, batch.batch_id, household)
+    assert [member.job_id for member in read.members] == [first, second]
+    assert read.callback_job_id == callback
+    assert store.read(store.batches.get_batch, batch.batch_id, other_household(store)) is None

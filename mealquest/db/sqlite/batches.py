@@ -138,6 +138,12 @@ def batch_job_ids(conn: Reads, batch_id: str) -> list[str]:
     return [row[0] for row in rows]
 
 
+def batch_of_member(conn: Reads, job_id: str) -> str | None:
+    """The id of the batch that job is a member of, if any."""
+    row = conn.execute("SELECT batch_id FROM batch_jobs WHERE job_id = ?", (job_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def batch_outcome(conn: Reads, callback_job_id: str) -> BatchOutcome | None:
     """The outcome of the batch whose callback is that job (None: it is none's)."""
     row = conn.execute("SELECT id FROM batches WHERE callback_job_id = ?", (callback_job_id,))
