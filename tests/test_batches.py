@@ -6,12 +6,14 @@ requests write nothing."""
 
 from __future__ import annotations
 
+import gevent
 import pytest
 from marshmallow import ValidationError
 
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.retention import prune
+from mealquest.jobs.runner.unblocker import Unblocker
 from mealquest.jobs.service import get_jobs
 from mealquest.model.batches import BatchStatus
 from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
@@ -395,3 +397,56 @@ def test_a_pass_given_the_jobs_that_ended_resolves_only_what_waits_for_them(
     assert store.write(store.batches.resolve_dependencies, limit=100, depends_on=[]).resolved == 0
     full = store.write(store.batches.resolve_dependencies, limit=100)
     assert (full.due, full.resolved) == ((waits_second,), 1)
+
+
+def test_a_cascade_is_cancelled_a_level_a_statement_in_one_wake(make_app, store, household):
+    # A failed chain of twenty: the old full pass cancelled one level a wake
+    # (a wake a second), so the last waited twenty seconds.
+    jobs = get_jobs(make_app())  # no pool: the pass is this test's
+    hid = household.household_id
+    head = jobs.enqueue("succeed", {"value": 0}, household_id=hid)
+    chain = [head]
+    for value in range(1, 21):
+        chain.append(
+            jobs.enqueue("succeed", {"value": value}, household_id=hid, depends_on=[chain[-1]])
+        )
+    jobs.cancel(head, hid)
+
+    done = Unblocker(store).run_once()
+    assert sorted(done.cancelled) == sorted(chain[1:])
+    assert {jobs.get(job_id).status for job_id in chain[1:]} == {Status.CANCELLED}
+
+
+def test_a_dependency_ended_elsewhere_is_seen_while_jobs_complete_steadily(make_app, household):
+    # This process's pool completes a job every few hundredths of a second,
+    # each completion nudging its unblocker; the jobs, and the cancel of the
+    # callback's only member while it is queued, come from another process
+    # (an app without a pool here), which nudges nothing here. The old
+    # unblocker looked at every dependency only after a whole second without
+    # a nudge: never, while jobs kept completing.
+    jobs = get_jobs(make_app(JOB_POLL_SECONDS=0.05))
+    jobs.start_pool()
+    elsewhere = get_jobs(make_app())
+    hid = household.household_id
+    batched = jobs.enqueue_batch(
+        [JobRequest("succeed", {"value": 6}, hid, delay=3600)],
+        on_complete=JobRequest("succeed", {"value": 7}, hid),
+    )
+    (member,) = batched.job_ids
+    completed: list[str] = []
+    steady = gevent.spawn(_complete_steadily, elsewhere, hid, completed)
+    try:
+        wait_for(lambda: len(completed) >= 3)
+        elsewhere.cancel(member, hid)
+        callback = final(jobs, batched.callback_job_id)
+        assert callback.status is Status.SUCCEEDED
+        assert not steady.dead  # jobs completed all along
+    finally:
+        steady.kill()
+
+
+def _complete_steadily(jobs, household_id: int, completed: list[str]) -> None:
+    while True:
+        job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household_id)
+        final(jobs, job_id)
+        completed.append(job_id)

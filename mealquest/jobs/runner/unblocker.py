@@ -11,11 +11,15 @@ without (pg-boss#824): unblocking inside each completion.
 A nudge names the jobs that ended here, and the pass it wakes looks only
 at the dependencies on those, through their index: a pass costs what
 ended, not every dependency still waiting (a pass over all of them at each
-completion took a tenth of a batched drain's speed, measured). Every
-`interval_seconds` without a nudge, and after an enqueue (a new job may wait
-for jobs already final) or a failed pass, a pass looks at all of them: so
-a job whose last dependency ended in another process is seen within
-`interval_seconds`. On PostgreSQL one pass at a time runs in the whole
+completion took a tenth of a batched drain's speed, measured). At least
+every `interval_seconds`, whatever the nudges, and after an enqueue (a new
+job may wait for jobs already final) or a failed pass, a pass looks at all
+of them: so a job whose last dependency ended in another process (a member
+cancelled while queued, an erasure) is seen within `interval_seconds`, also
+while this process completes jobs steadily (a full pass only when no nudge
+came for a whole interval kept a callback waiting 40 s). A cancellation
+cascades one level a statement, in the same wake: the next pass sees the
+jobs the last one cancelled. On PostgreSQL one pass at a time runs in the whole
 deployment (the driver's advisory lock), so passes never race over one
 job's last rows; a pass that found another under way keeps its jobs for
 the next.
@@ -24,6 +28,7 @@ the next.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable
 
 import gevent
@@ -63,6 +68,7 @@ class Unblocker:
         # must look at every dependency.
         self._ended: set[str] = set()
         self._everything = True
+        self._last_full_pass = time.monotonic()
 
     def nudge(self, ended: Iterable[str] | None = None) -> None:
         """Jobs ended here (`ended`: only what waits for them is looked at), or,
@@ -79,10 +85,12 @@ class Unblocker:
         database away (a restart, a failover, PgBouncer gone) must not end the
         role, which would restart its whole process."""
         while True:
-            nudged = self._nudged.wait(timeout=self.interval_seconds)
+            self._nudged.wait(timeout=self._until_full_pass())
             self._nudged.clear()
-            everything = self._everything or not nudged
+            everything = self._everything or self._until_full_pass() == 0
             ended, self._ended, self._everything = self._ended, set(), False
+            if everything:
+                self._last_full_pass = time.monotonic()
             try:
                 done = self.run_once(None if everything else ended)
             except StoreUnavailable:
@@ -98,6 +106,10 @@ class Unblocker:
                     self._everything |= everything
                     self._nudged.set()
             gevent.sleep(self.min_gap_seconds)
+
+    def _until_full_pass(self) -> float:
+        """Seconds until a full pass is due (0: it is)."""
+        return max(0.0, self._last_full_pass + self.interval_seconds - time.monotonic())
 
     def run_once(self, ended: Collection[str] | None = None) -> Unblocked:
         """Resolve every dependency whose job is final, or only those on the
@@ -119,11 +131,18 @@ class Unblocker:
             due.extend(done.due)
             cancelled.extend(done.cancelled)
             resolved += done.resolved
-            if done.cancelled and depends_on is not None:
-                # A job cancelled here may be another's dependency: those too.
-                depends_on = sorted(set(depends_on) | set(done.cancelled))
+            if done.cancelled:
+                # A job cancelled here may be another's dependency: the next
+                # pass sees those, one level a statement.
+                if depends_on is not None:
+                    depends_on = sorted(set(depends_on) | set(done.cancelled))
             elif done.resolved < _PASS_LIMIT:
                 break
+        else:
+            # Passes left to run (a deeper cascade, a larger backlog): at the
+            # next wake, over every dependency.
+            self._everything = True
+            self._nudged.set()
         for job_id in cancelled:
             logger.info(
                 "cancelled a job: a job it depends on did not succeed", extra={"job_id": job_id}
