@@ -2,9 +2,10 @@
 are killed, and every job counted.
 
 Households post jobs through real gunicorn (two workers) while a `flask jobs
-work` process runs them beside the web workers' pools; each run appends its
-job id and pid to a ledger file (O_APPEND lines, which no database fault can
-lose). Meanwhile faults come in turn: a web worker killed (`kill -9`), the
+work` process runs them beside the web workers' pools; each run appends a
+line when it starts and one when its work is done, with its job, pid and
+claim, to a ledger file (O_APPEND lines, which no database fault can lose:
+`tests.support.chaos_ledger`). Meanwhile faults come in turn: a web worker killed (`kill -9`), the
 `flask jobs work` process killed and started again, the whole gunicorn killed
 and started again, and on PostgreSQL the service's backends terminated
 (`pg_terminate_backend`) and the server restarted `fast` and `immediate`
@@ -14,9 +15,11 @@ file system filled to the last byte (a small tmpfs, as root) until the
 service has answered `503`, then freed.
 
 Then every job whose enqueue was answered (`202`, or `200` for a repeat of
-its `Idempotency-Key`) must end `succeeded` exactly once: lost 0; run twice 0,
-except a job whose earlier run was in a process the test killed (its lease
-was provably lost: counted and reported). No answer is a `500`; a `503`
+its `Idempotency-Key`) must end `succeeded`: lost 0; run twice 0, except a
+job whose lease was provably lost (counted and reported): its next run
+under a claim of its own, and its earlier run's process killed after that
+run began and before the next, or its fenced outcome write refused. No job
+runs that no client saw answered. No answer is a `500`; a `503`
 carries `Retry-After`. A client retries what got no answer with the same key.
 
 `scripts/chaos --long` runs it for longer (`MQ_CHAOS_ROUNDS`) and prints the
@@ -47,6 +50,7 @@ from mealquest.db.errors import StoreError
 from mealquest.db.postgresql import migrate as pg_migrate
 from mealquest.db.sqlite import migrate as sqlite_migrate
 from mealquest.households import create_household
+from tests.support import chaos_ledger
 from tests.support.postgres import require_pgbouncer_url, require_postgres_url
 from tests.support.private_postgres import PrivateServer
 from tests.support.processes import REPO
@@ -67,8 +71,6 @@ from tests.support.small_disk import SmallDisk
 # Rounds of the fault sequence; `scripts/chaos --long` raises it.
 ROUNDS = int(os.environ.get("MQ_CHAOS_ROUNDS", "1"))
 HOUSEHOLDS = 3
-# What a process logs when a job's fenced outcome write finds the lease gone.
-LEASE_LOST = "job was no longer ours when its outcome was recorded"
 # SQLite's own file system: room for every round's jobs, and little enough
 # to fill in a moment.
 DISK_BYTES = 64 * 1024 * 1024
@@ -148,7 +150,8 @@ class Tally:
     statuses: collections.Counter[int] = field(default_factory=collections.Counter)
     no_answer: int = 0
     bad: list[str] = field(default_factory=list)
-    killed_pids: set[int] = field(default_factory=set)
+    # When each pid the test killed was killed (wall clock, as the ledger's).
+    kills: dict[int, float] = field(default_factory=dict)
     faults: collections.Counter[str] = field(default_factory=collections.Counter)
     # The longest time, per fault, from its start until ten more jobs had run.
     recovery: dict[str, float] = field(default_factory=dict)
@@ -170,7 +173,7 @@ def post_jobs(
 def _post_until_stopped(url, token, ledger, tally, stop) -> None:
     while not stop.is_set():
         key = uuid.uuid4().hex
-        body = {"kind": "append_job_id_retried", "payload": {"log": str(ledger), "seconds": 0.02}}
+        body = {"kind": "ledger_run", "payload": {"log": str(ledger), "seconds": 0.02}}
         while True:
             try:
                 answer = http(
@@ -214,13 +217,9 @@ def ended(store: Store, job_ids: list[str]) -> dict[str, JobRow | None] | None:
     return {job_id: rows.get(job_id) for job_id in job_ids}
 
 
-def runs(ledger: Path) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = collections.defaultdict(list)
-    if ledger.exists():
-        for line in ledger.read_text().splitlines():
-            job_id, pid = line.split()[:2]
-            seen[job_id].append(int(pid))
-    return seen
+def ran(ledger: Path) -> set[str]:
+    """The jobs one of whose runs did its work to the end."""
+    return chaos_ledger.completed(chaos_ledger.read(ledger))
 
 
 def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_path):
@@ -232,6 +231,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
     tally = Tally()
     stop = threading.Event()
     ledger = tmp_path / "ledger"
+    began_test = time.monotonic()
 
     def start_web() -> Gunicorn:
         web = Gunicorn(tmp_path / f"gunicorn-{len(processes)}.log", env)
@@ -251,7 +251,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
 
     def kill(process: Process, *, group: bool = False) -> None:
         pids = [process.pid, *(process.worker_pids() if isinstance(process, Gunicorn) else [])]
-        tally.killed_pids.update(pids)
+        tally.kills.update(dict.fromkeys(pids, time.time()))
         with contextlib.suppress(ProcessLookupError):
             if group:
                 os.killpg(process.pid, signal.SIGKILL)
@@ -263,8 +263,8 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
     def settle(fault: str | None = None, since: float = 0.0) -> None:
         """Let jobs flow between faults: ten more run. With `fault`, count it and
         how long jobs took to flow again since it began (`since`)."""
-        before = len(runs(ledger))
-        wait_until(lambda: len(runs(ledger)) >= before + 10, DEADLINE, "jobs stopped running")
+        before = len(ran(ledger))
+        wait_until(lambda: len(ran(ledger)) >= before + 10, DEADLINE, "jobs stopped running")
         if fault is not None:
             tally.faults[fault] += 1
             took = time.monotonic() - since
@@ -290,7 +290,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
             # A web worker, killed mid-write (its master starts another).
             began = time.monotonic()
             victim = holder["web"].worker_pids()[0]
-            tally.killed_pids.add(victim)
+            tally.kills[victim] = time.time()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
             settle("a web worker killed", began)
@@ -351,27 +351,20 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
 
         answered = sorted(tally.answered)
         done = wait_until(lambda: ended(store, answered), DEADLINE, "answered jobs did not all end")
-        ran = runs(ledger)
+        runs = chaos_ledger.read(ledger)
+        done_runs = chaos_ledger.completed(runs)
         lost = [
             job
             for job in answered
-            if done[job] is None or done[job]["status"] != "succeeded" or job not in ran
+            if done[job] is None or done[job]["status"] != "succeeded" or job not in done_runs
         ]
-        twice = {job: pids for job, pids in ran.items() if len(pids) > 1}
-        # A run again is explained when its lease was provably lost: every
-        # run before the last was in a process the test killed, or its
-        # process's fenced outcome write found the lease gone (it expired
-        # while the database was away, and another process rescued the job).
-        fenced = {
-            job
-            for process in processes
-            for line in process.log().splitlines()
-            if LEASE_LOST in line
-            for job in twice
-            if job in line
-        }
-        killed = {job for job, pids in twice.items() if set(pids[:-1]) <= tally.killed_pids}
-        unexplained = {job: pids for job, pids in twice.items() if job not in killed | fenced}
+        verdict = chaos_ledger.judge(
+            runs,
+            answered=tally.answered,
+            kills=tally.kills,
+            fenced=chaos_ledger.fenced_writes(process.log() for process in processes),
+        )
+        unexplained = verdict.unexplained
         table = {
             "database": "pgbouncer" if served.bouncer else "postgresql" if server else "sqlite",
             "faults": dict(tally.faults),
@@ -380,24 +373,31 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
             },
             "jobs answered": len(answered),
             "lost": len(lost),
-            "run twice, lease lost with a killed process": len(killed),
-            "run twice, lease expired while the database was away": len(fenced - killed),
+            "run twice, lease lost with a killed process": len(verdict.twice_killed),
+            "run twice, lease expired while the database was away": len(verdict.twice_fenced),
             "run twice, unexplained": len(unexplained),
+            "runs of jobs never answered": len(verdict.unanswered),
             "answers": dict(sorted(tally.statuses.items())),
             "requests without an answer (retried)": tally.no_answer,
+            "seconds": round(time.monotonic() - began_test),
         }
         print(json.dumps(table, indent=2))  # `scripts/chaos` shows it
         if os.environ.get("MQ_CHAOS_TABLE"):
             with open(os.environ["MQ_CHAOS_TABLE"], "a") as out:
                 out.write(json.dumps(table) + "\n")
         assert lost == [], {
-            job: done[job] and (done[job]["status"], done[job]["error"], ran.get(job))
+            job: done[job]
+            and (done[job]["status"], done[job]["attempt"], done[job]["error"], runs.get(job))
             for job in lost
         }
         assert unexplained == {}, {
-            job: [line for p in processes for line in p.log().splitlines() if job in line]
-            for job in list(unexplained)[:3]
+            job: (
+                job_runs,
+                [line for p in processes for line in p.log().splitlines() if job in line],
+            )
+            for job, job_runs in list(unexplained.items())[:3]
         }
+        assert verdict.unanswered == {}
         assert tally.bad == []
         assert 500 not in tally.statuses
     finally:

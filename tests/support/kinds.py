@@ -170,6 +170,17 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {}
 
 
+def ledger_run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """The chaos test's kind: a `start` line when the run begins and an `end`
+    line when its work is done, each with the job, the pid, the claim and
+    the wall-clock time (`tests.support.chaos_ledger` reads them)."""
+    _append_line(payload["log"], f"start {ctx.job_id} {os.getpid()} {ctx.claim} {time.time()}")
+    if payload["seconds"]:
+        gevent.sleep(payload["seconds"])
+    _append_line(payload["log"], f"end {ctx.job_id} {os.getpid()} {ctx.claim} {time.time()}")
+    return {}
+
+
 class BatchReportSchema(Schema):
     batch_id = fields.String(required=True)
     succeeded = fields.List(fields.String(), required=True)
@@ -405,8 +416,16 @@ def register_test_kinds(registry: Registry) -> None:
         result=EmptySchema,
         options=KindOptions(max_attempts=2, backoff=FAST_RETRY),
     )
-    # The same, of several attempts: a run cut short by a killed process is
-    # run again (the chaos test's kind).
+    # Of several attempts, each run's start and end in the ledger: a run cut
+    # short by a killed process is run again (the chaos test's kind).
+    registry.register(
+        "ledger_run",
+        ledger_run,
+        payload=LogSchema,
+        result=EmptySchema,
+        options=KindOptions(max_attempts=3, backoff=FAST_RETRY),
+    )
+    # The same as `append_job_id`, of several attempts.
     registry.register(
         "append_job_id_retried",
         append_job_id,
