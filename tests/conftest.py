@@ -4,6 +4,11 @@ private PostgreSQL server the test command starts as well.
 
 A test runs on both databases when its module is marked `both_databases`,
 unless it is marked `sqlite_only` or reads the SQLite file itself (`db_path`).
+A test on a database that runs on SQLite alone says why: it reads the file
+(`db_path`), or its `sqlite_only` mark gives the reason
+(`pytest.mark.sqlite_only("the writer thread is SQLite's")`), or collection
+fails: "every test runs on both databases" is then true of every test that
+does not say otherwise.
 Such a test also runs on PostgreSQL through the test PgBouncer (transaction
 mode, the service set `MEALQUEST_PG_POOLER=transaction`) when it is marked
 `through_pgbouncer`, or when `MEALQUEST_TEST_PGBOUNCER_ALL=1` asks for every
@@ -78,7 +83,9 @@ PGBOUNCER_ALL = os.environ.get("MEALQUEST_TEST_PGBOUNCER_ALL") == "1"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "both_databases: run on SQLite and on PostgreSQL")
-    config.addinivalue_line("markers", "sqlite_only: a test of SQLite itself, in such a module")
+    config.addinivalue_line(
+        "markers", "sqlite_only(reason): a test of SQLite itself, and why it runs there alone"
+    )
     config.addinivalue_line(
         "markers", "through_pgbouncer: run on PostgreSQL through PgBouncer too (both_databases)"
     )
@@ -97,6 +104,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         and node.get_closest_marker("sqlite_only") is None
         and "db_path" not in metafunc.fixturenames
     )
+    sqlite_only = node.get_closest_marker("sqlite_only")
+    if not both and "db_path" not in metafunc.fixturenames:
+        reason = sqlite_only and (sqlite_only.args or sqlite_only.kwargs.get("reason"))
+        if not reason:
+            raise pytest.UsageError(
+                f"{node.nodeid} runs on SQLite alone: mark its module `both_databases`, "
+                'or mark it `sqlite_only("why")`'
+            )
     bouncer = both and (PGBOUNCER_ALL or node.get_closest_marker("through_pgbouncer") is not None)
     databases = DATABASES if bouncer else DATABASES[:2] if both else DATABASES[:1]
     metafunc.parametrize("database", databases, indirect=True)

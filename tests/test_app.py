@@ -24,6 +24,8 @@ from mealquest.health import MAX_AGE_SECONDS, health_check
 from mealquest.logs import ContextFormatter, JsonFormatter, configure_logging
 from tests.support.ticks import Ticks
 
+pytestmark = pytest.mark.both_databases
+
 
 @pytest.fixture
 def restore_log_level():
@@ -93,6 +95,9 @@ def test_healthz_is_200_on_a_migrated_database(client):
     assert response.get_json() == {"status": "ok"}
 
 
+@pytest.mark.sqlite_only(
+    "an SQLite file of the test's own; PostgreSQL's health: serving/test_two_hosts.py"
+)
 def test_healthz_is_503_on_a_database_behind_the_migrations(make_app, tmp_path):
     path = str(tmp_path / "behind.sqlite3")
     migrate.upgrade(path, target=2)
@@ -129,6 +134,9 @@ def test_healthz_checks_the_migrations_until_they_pass_then_not_again(make_app, 
     assert answer.stdout.strip() == "503"
 
 
+@pytest.mark.sqlite_only(
+    "an SQLite file of the test's own; PostgreSQL's health: serving/test_two_hosts.py"
+)
 def test_healthz_is_503_without_a_database(make_app, tmp_path):
     client = make_app(DATABASE=str(tmp_path / "missing" / "mealquest.sqlite3")).test_client()
     response = client.get("/healthz")

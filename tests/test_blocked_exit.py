@@ -18,6 +18,10 @@ from mealquest.serving.blocked_exit import BlockedLoop
 from tests.conftest import wait_for
 from tests.support.processes import flask_jobs_work, process_group, wait_working
 
+pytestmark = pytest.mark.sqlite_only(
+    "the exit reads the event loop, not the database (the rescue after it: test_multiprocess.py)"
+)
+
 LIMIT = 1.0
 TICK = 0.05
 START_DEADLINE = 60.0

@@ -12,11 +12,15 @@ import pytest
 from mealquest import audit
 from mealquest.db import migrations
 from mealquest.db.sqlite import migrate
+from tests.support import sql
 from tests.support.ledger import add_newer_migration
 
 
 def bearer(token):
     return {"Authorization": f"Bearer {token}"}
+
+
+pytestmark = pytest.mark.both_databases
 
 
 @pytest.fixture
@@ -28,6 +32,9 @@ def fresh_app(make_app, tmp_path):
 # -- db ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only(
+    "the commands on an SQLite file of the test's own; on PostgreSQL: test_postgresql_cli.py"
+)
 def test_db_status_and_upgrade_on_a_fresh_database(fresh_app):
     runner = fresh_app.test_cli_runner()
     names = [m.path.name for m in migrations.discover(migrate.MIGRATIONS_DIR)]
@@ -55,6 +62,9 @@ def test_db_status_and_upgrade_on_a_fresh_database(fresh_app):
     assert again.output.strip() == "database is up to date"
 
 
+@pytest.mark.sqlite_only(
+    "the commands on an SQLite file of the test's own; on PostgreSQL: test_postgresql_cli.py"
+)
 def test_db_status_exits_1_while_a_migration_is_pending(fresh_app):
     migrate.upgrade(fresh_app.config["DATABASE"], target=2)
     runner = fresh_app.test_cli_runner()
@@ -113,12 +123,7 @@ def test_households_create_refuses_a_bad_name(runner, store, name, message):
     result = runner.invoke(args=["households", "create", name])
     assert result.exit_code == 1
     assert f"Error: a household name has {message}" in result.output
-    assert (
-        store.read(
-            lambda conn: conn.execute("SELECT count(*) FROM households WHERE id <> 0").fetchone()[0]
-        )
-        == 0
-    )
+    assert sql.scalar(store, "SELECT count(*) FROM households WHERE id <> 0") == 0
 
 
 def test_households_list_counts_live_tokens(runner, household, other_household):
@@ -156,9 +161,7 @@ def test_tokens_create_refuses_an_unknown_household(runner, store):
     result = runner.invoke(args=["tokens", "create", "999"])
     assert result.exit_code == 1
     assert "Error: No household has that id." in result.output
-    assert (
-        store.read(lambda conn: conn.execute("SELECT count(*) FROM api_tokens").fetchone()[0]) == 0
-    )
+    assert sql.scalar(store, "SELECT count(*) FROM api_tokens") == 0
 
 
 def test_tokens_create_refuses_a_non_numeric_id(runner):
@@ -185,6 +188,9 @@ def test_tokens_revoke_stops_the_token_at_once(runner, client, household):
     assert "Error: No token has that id, or it is already revoked." in unknown.output
 
 
+@pytest.mark.sqlite_only(
+    "the commands on an SQLite file of the test's own; on PostgreSQL: test_postgresql_cli.py"
+)
 @pytest.mark.parametrize(
     "command",
     [
@@ -208,6 +214,9 @@ def test_household_commands_on_a_database_behind_the_migrations_say_what_to_run(
     assert "flask db upgrade" in behind.output
 
 
+@pytest.mark.sqlite_only(
+    "the commands on an SQLite file of the test's own; on PostgreSQL: test_postgresql_cli.py"
+)
 def test_db_commands_on_a_file_that_is_not_a_database_fail_clearly(make_app, tmp_path):
     path = tmp_path / "not-a-database.sqlite3"
     path.write_bytes(b"this is not an SQLite file, just some text that is long enough" * 20)
@@ -257,6 +266,9 @@ def _every_command(app) -> list[list[str]]:
     return commands
 
 
+@pytest.mark.sqlite_only(
+    "the commands on an SQLite file of the test's own; on PostgreSQL: test_postgresql_cli.py"
+)
 @pytest.mark.parametrize("at", ["behind", "ahead"])
 def test_every_command_on_a_database_at_another_migration_says_both_in_one_line(fresh_app, at):
     app, path = fresh_app, fresh_app.config["DATABASE"]

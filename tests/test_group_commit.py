@@ -14,6 +14,8 @@ import pytest
 from mealquest.db.sqlite.store import SqliteStore, SqliteTransaction
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.sqlite_only("the SQLite writer thread's group commit")
+
 NOW = "2025-01-01T00:00:00.000000Z"
 
 

@@ -76,7 +76,7 @@ def test_each_key_is_read_for_itself(store):
     assert cache.get("a", lambda: "read again") == ("A" if store.name == "sqlite" else "read again")
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_a_commit_by_another_process_drops_every_answer(store, db_path):
     cache = ReadCache(store, 8)
     read = CountedRead(store)
@@ -86,7 +86,7 @@ def test_a_commit_by_another_process_drops_every_answer(store, db_path):
     assert read.reads == 2
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_a_commit_landing_during_the_read_leaves_no_stale_answer(store, db_path):
     cache = ReadCache(store, 8)
 
@@ -99,7 +99,7 @@ def test_a_commit_landing_during_the_read_leaves_no_stale_answer(store, db_path)
     assert cache.get("names", lambda: household_names(store)) == ["The Lees"]
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_a_reopened_reader_connection_is_not_taken_for_an_unchanged_database(store, db_path):
     # A new connection counts commits afresh, from the same first value as
     # the last one did, so the marker names its connection too.
@@ -111,7 +111,7 @@ def test_a_reopened_reader_connection_is_not_taken_for_an_unchanged_database(sto
     assert second[1] == first[1]  # the counter alone would have said "unchanged"
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_an_answer_read_while_another_greenlet_saw_a_commit_is_not_kept(store):
     cache = ReadCache(store, 8)
     read_started = gevent.event.Event()
@@ -135,7 +135,7 @@ def test_an_answer_read_while_another_greenlet_saw_a_commit_is_not_kept(store):
     assert cache.get("other", lambda: "read again") == "fresh"
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_at_most_max_entries_are_kept_the_oldest_dropped_first(store):
     cache = ReadCache(store, 2)
     for key in ("a", "b", "c"):
@@ -144,7 +144,7 @@ def test_at_most_max_entries_are_kept_the_oldest_dropped_first(store):
     assert cache.get("c", lambda: "read again") == "c"
 
 
-@pytest.mark.sqlite_only
+@pytest.mark.sqlite_only("the read cache is SQLite's: on PostgreSQL every request reads")
 def test_an_answer_keep_refuses_is_read_every_time(store):
     cache = ReadCache(store, 8)
     read = CountedRead(store)

@@ -124,7 +124,7 @@ def idle_pool(jobs, household):
     return pool
 
 
-@pytest.mark.sqlite_only  # the writer thread's group commit makes the outcome unknown at will
+@pytest.mark.sqlite_only("the writer thread's group commit makes the outcome unknown at will")
 def test_a_claim_whose_answer_is_lost_puts_its_jobs_back_at_once(make_app, household, logs):
     # A write's caller gives up at its deadline plus a margin, and the write
     # may still commit: here the claim shares a transaction with a write
@@ -783,7 +783,7 @@ def test_a_batch_larger_than_one_statement_records_every_outcome(jobs, store, ho
     assert len(jobs.list_jobs(status=Status.SUCCEEDED, limit=count + 1)) == count
 
 
-@pytest.mark.sqlite_only  # PostgreSQL's text holds no NUL at all
+@pytest.mark.sqlite_only("PostgreSQL's text holds no NUL at all")
 def test_a_batch_stores_any_error_text_as_one_transition_does(jobs, store, household):
     for _ in range(3):
         jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)

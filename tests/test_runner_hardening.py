@@ -844,7 +844,7 @@ def test_a_row_that_does_not_decode_fails_alone(hostile, household, client, auth
     assert answer.get_json()["result"] is None
 
 
-@pytest.mark.sqlite_only  # legacy data only ever lived in SQLite
+@pytest.mark.sqlite_only("legacy data only ever lived in SQLite")
 def test_a_legacy_pending_row_whose_result_is_not_json_fails_alone(tmp_path: Path, make_app, logs):
     path = str(tmp_path / "legacy.sqlite3")
     migrate.upgrade(path, target=2)
@@ -919,7 +919,7 @@ def test_a_role_that_dies_is_logged_and_restarts_the_process(hostile, household,
     )
 
 
-@pytest.mark.sqlite_only  # the writer thread is SQLite's
+@pytest.mark.sqlite_only("the writer thread is SQLite's")
 def test_a_store_whose_writer_died_restarts_the_process(hostile, household):
     jobs = hostile()
     fatal: list[str] = []

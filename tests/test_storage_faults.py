@@ -21,6 +21,8 @@ from tests.support.small_disk import SmallDisk
 from tests.support.ticks import Ticks
 from tests.test_store import household_names, insert_household
 
+pytestmark = pytest.mark.sqlite_only("a full disk and an unreadable file under SQLite's own file")
+
 URL = "https://recipes.example/soup"
 
 

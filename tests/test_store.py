@@ -29,6 +29,10 @@ from tests.conftest import wait_for
 from tests.support import sql
 from tests.support.sqlite_lock import LockHolder
 
+pytestmark = pytest.mark.sqlite_only(
+    "SQLite's store itself: its writer thread, cooperative waits and fork checks"
+)
+
 NOW = "2025-01-01T00:00:00.000000Z"
 
 

@@ -13,7 +13,13 @@ import re
 import socket
 import uuid
 
+import pytest
+
 from tests.support.servers import wait_until
+
+pytestmark = pytest.mark.sqlite_only(
+    "gunicorn's access log lines are the same whatever the database"
+)
 
 QUOTED = r'"((?:[^"\\]|\\.)*)"'
 # The whole line, field by field, as gunicorn.conf.py's access_log_format writes it.

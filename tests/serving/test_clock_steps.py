@@ -19,6 +19,8 @@ import glob
 import json
 from datetime import timedelta
 
+import pytest
+
 from mealquest.clock import to_text, utc_now
 from tests.support.servers import (
     BIN,
@@ -32,6 +34,10 @@ from tests.support.servers import (
     running_pids,
     serving_env,
     wait_until,
+)
+
+pytestmark = pytest.mark.sqlite_only(
+    "a SQLite lease is the hosts' wall clock; PostgreSQL's is the server's one clock"
 )
 
 # Generous for a loaded machine (a process start imports the app): a test

@@ -10,9 +10,13 @@ import json
 import threading
 import uuid
 
+import pytest
+
 from tests.serving.test_access_log import FORGERIES, send, status_of
 from tests.support.kinds import SECRET
 from tests.support.servers import enqueue, final_jobs, http, wait_until
+
+pytestmark = pytest.mark.sqlite_only("the log lines' shape is the same whatever the database")
 
 LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
 

@@ -8,11 +8,17 @@ import re
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+import pytest
+
 from mealquest.config import DEFAULTS
 from mealquest.operators import create_operator
 from tests.support.events import EventStream
 from tests.support.servers import REPO, Answer, enqueue, free_port, http, wait_until
 from tests.support.tls import TEST_HOST
+
+pytestmark = pytest.mark.sqlite_only(
+    "what nginx passes on is the same whatever the database behind the service"
+)
 
 SECRET_KEY = "nginx-test-secret-key-" + "k" * 32
 # The longest `?wait=` a long poll may ask for.

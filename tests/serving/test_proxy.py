@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from flask import request
+
+pytestmark = pytest.mark.sqlite_only("forwarded headers are read before any database is")
 
 
 def _whoami_app(make_app, **config):

@@ -39,6 +39,10 @@ def pids_that_logged(log: str, text: str, name: str = "") -> set[int]:
     }
 
 
+@pytest.mark.sqlite_only(
+    "the next release's migration row is written into the SQLite file; PostgreSQL's case is "
+    "test_postgresql_migrate.py's"
+)
 def test_a_database_migrated_by_the_next_release_is_served_with_a_warning(served, start_gunicorn):
     name = add_newer_migration(served.db_path)
     server = start_gunicorn(workers=2)
@@ -54,6 +58,10 @@ def test_a_database_migrated_by_the_next_release_is_served_with_a_warning(served
     assert set(server.worker_pids()) <= pids_that_logged(log, WARNING, name), log
 
 
+@pytest.mark.sqlite_only(
+    "the next release's migration row is written into the SQLite file; PostgreSQL's case is "
+    "test_postgresql_migrate.py's"
+)
 def test_workers_restarted_after_the_next_release_migrated_keep_serving(served, start_gunicorn):
     server = start_gunicorn(workers=2)
     first = set(server.worker_pids())

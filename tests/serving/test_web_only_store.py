@@ -11,7 +11,7 @@ from tests.support.servers import http, wait_until
 pytestmark = pytest.mark.both_databases
 
 
-@pytest.mark.sqlite_only  # the writer thread is SQLite's
+@pytest.mark.sqlite_only("the writer thread is SQLite's")
 def test_a_web_only_worker_whose_writer_died_is_replaced(served, start_gunicorn, monkeypatch):
     monkeypatch.setattr(servers, "APP", "tests.support.broken_writer_app:app")
     server = start_gunicorn(workers=1, config={"JOB_POOL_IN_WEB": False})
