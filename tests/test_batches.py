@@ -10,11 +10,12 @@ import gevent
 import pytest
 from marshmallow import ValidationError
 
+from mealquest.households import create_household
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.retention import prune
 from mealquest.jobs.runner.unblocker import Unblocker
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import JobService, get_jobs
 from mealquest.model.batches import BatchStatus
 from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
 from mealquest.operator_actions import erasure
@@ -399,11 +400,19 @@ def test_a_pass_given_the_jobs_that_ended_resolves_only_what_waits_for_them(
     assert (full.due, full.resolved) == ((waits_second,), 1)
 
 
-def test_a_cascade_is_cancelled_a_level_a_statement_in_one_wake(make_app, store, household):
+def without_the_modules_pool(make_app, **config) -> tuple[JobService, int]:
+    """An app of the test's own and a household of it: the module's `app`
+    (which `household` and `store` need) runs a pool whose unblocker would
+    make the passes this test makes or watches."""
+    jobs = get_jobs(make_app(**config))
+    return jobs, create_household(jobs.store, "The Smiths").household_id
+
+
+def test_a_cascade_is_cancelled_a_level_a_statement_in_one_wake(make_app):
     # A failed chain of twenty: the old full pass cancelled one level a wake
     # (a wake a second), so the last waited twenty seconds.
-    jobs = get_jobs(make_app())  # no pool: the pass is this test's
-    hid = household.household_id
+    jobs, hid = without_the_modules_pool(make_app)  # no pool: the pass is this test's
+    store = jobs.store
     head = jobs.enqueue("succeed", {"value": 0}, household_id=hid)
     chain = [head]
     for value in range(1, 21):
@@ -417,17 +426,16 @@ def test_a_cascade_is_cancelled_a_level_a_statement_in_one_wake(make_app, store,
     assert {jobs.get(job_id).status for job_id in chain[1:]} == {Status.CANCELLED}
 
 
-def test_a_dependency_ended_elsewhere_is_seen_while_jobs_complete_steadily(make_app, household):
+def test_a_dependency_ended_elsewhere_is_seen_while_jobs_complete_steadily(make_app):
     # This process's pool completes a job every few hundredths of a second,
     # each completion nudging its unblocker; the jobs, and the cancel of the
     # callback's only member while it is queued, come from another process
     # (an app without a pool here), which nudges nothing here. The old
     # unblocker looked at every dependency only after a whole second without
     # a nudge: never, while jobs kept completing.
-    jobs = get_jobs(make_app(JOB_POLL_SECONDS=0.05))
+    jobs, hid = without_the_modules_pool(make_app, JOB_POLL_SECONDS=0.05)
     jobs.start_pool()
     elsewhere = get_jobs(make_app())
-    hid = household.household_id
     batched = jobs.enqueue_batch(
         [JobRequest("succeed", {"value": 6}, hid, delay=3600)],
         on_complete=JobRequest("succeed", {"value": 7}, hid),

@@ -38,7 +38,7 @@ def parser_processes(worker: int) -> dict[int, str]:
     for pid in children(worker):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         state = process_state(pid)
         if state is not None and b"parser_process" in command:

@@ -182,20 +182,37 @@ def final_jobs(store: Store, job_ids: list[str]) -> dict[str, JobRow] | None:
 def children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return []
     return [int(p) for p in text.split()]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command (the state first), or
+    None once the process is gone: a process reaped between the file's open
+    and its read makes the read fail ESRCH (ProcessLookupError), as seen in CI."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # They follow the command's closing parenthesis; the command may hold spaces.
+    return stat.rsplit(")", 1)[1].split()
 
 
 def process_state(pid: int) -> str | None:
     """The process's state as /proc shows it (`R` running, `S` waiting, `Z` a
     zombie...); None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[0]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time the process has used (user and system), or None once it is gone."""
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    # The state follows the command's closing parenthesis; the command may hold spaces.
-    return stat.rsplit(")", 1)[1].split()[0]
+    # utime and stime, the 14th and 15th fields of the line (11th and 12th here).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def alive(pid: int) -> bool:

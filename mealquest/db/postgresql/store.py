@@ -293,16 +293,22 @@ class PostgresStore:
 
     @functools.cached_property
     def connect_attempt_seconds(self) -> int:
-        """Each host's share of the wait for a connection, so that a first host
-        that never answers leaves time for the next one (with the whole wait
-        each, a dark first host used it all, and a live second one was never
-        tried). libpq counts whole seconds and waits at least 2."""
+        """How long each host has to answer (libpq counts whole seconds and
+        waits at least 2). One host has the whole wait; several share it, so
+        that a first host that never answers leaves time for the next one
+        (with the whole wait each, a dark first host used it all, and a live
+        second one was never tried)."""
+        if self.hosts == 1:
+            return max(2, math.ceil(self.busy_timeout_seconds))
         return max(2, math.floor(self.busy_timeout_seconds / self.hosts))
 
     @functools.cached_property
     def connect_wait_seconds(self) -> float:
-        """How long a caller waits for a connection: the busy timeout, or
-        longer where the hosts' shares at libpq's 2 s least do not fit in it."""
+        """How long a caller waits for a connection: the busy timeout, or, for
+        several hosts whose shares at libpq's 2 s least do not fit in it, long
+        enough for every host to be tried."""
+        if self.hosts == 1:
+            return self.busy_timeout_seconds
         return max(self.busy_timeout_seconds, self.hosts * self.connect_attempt_seconds + 1.0)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
