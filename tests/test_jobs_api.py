@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import gevent
 import pytest
 
+from mealquest.jobs.enqueueing import JobRequest
+from mealquest.jobs.live import get_live
 from mealquest.model.jobs import ClaimRequest, Status, Transition
 from tests.conftest import wait_for
 
@@ -460,3 +463,41 @@ def test_a_queued_job_says_its_kind_is_paused_or_its_partition_holds_it(
     assert (waiting_for(held[1]), waiting_for(free)) == ("paused", "paused")
     flow.resume(store, "succeed", None)
     assert waiting_for(free) == "turn"
+
+
+def held_until_answered(app, client, url: str, headers: dict[str, str]):
+    """The answer to a long poll, or None if the request was held (it took
+    one of the process's held places) instead of being answered."""
+    places = get_live(app).places
+    answers: list = []
+    poll = gevent.spawn(lambda: answers.append(client.get(url, headers=headers)))
+    try:
+        wait_for(lambda: poll.dead or places.open > 0)
+        return answers[0] if poll.dead else None
+    finally:
+        poll.kill()
+
+
+def test_a_long_poll_on_a_final_job_is_answered_at_once(app, client, auth, jobs, household):
+    # A final job cannot change: the poll used to wait out its `wait`.
+    job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    jobs.cancel(job_id, household.household_id)
+    url = f"/api/v1/jobs/{job_id}"
+    etag = client.get(url, headers=auth).headers["ETag"]
+    answer = held_until_answered(app, client, f"{url}?wait=30", {**auth, "If-None-Match": etag})
+    assert answer is not None, "the long poll was held"
+    assert answer.status_code == 304
+
+
+def test_a_long_poll_on_a_finished_batch_is_answered_at_once(app, client, auth, jobs, household):
+    hid = household.household_id
+    batched = jobs.enqueue_batch([JobRequest("succeed", {"value": 1}, hid)])
+    jobs.cancel(batched.job_ids[0], hid)
+    url = f"/api/v1/batches/{batched.batch_id}"
+    first = client.get(url, headers=auth)
+    assert first.get_json()["status"] == "finished"
+    answer = held_until_answered(
+        app, client, f"{url}?wait=30", {**auth, "If-None-Match": first.headers["ETag"]}
+    )
+    assert answer is not None, "the long poll was held"
+    assert answer.status_code == 304

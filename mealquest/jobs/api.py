@@ -37,7 +37,7 @@ from mealquest.jobs.schemas import (
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.watcher import TOKEN, Credential, WatcherClosed, wait_for_version
 from mealquest.model.households import Household
-from mealquest.model.jobs import Job, Status
+from mealquest.model.jobs import FINAL_STATUSES, Job, Status
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
 from mealquest.read_cache import ReadCache
@@ -220,7 +220,12 @@ def get_job(job_id: str) -> ResponseReturnValue:
         raise not_found("job not found")
     if _not_modified(job):
         live = get_live(app)
-        if wait is None or not _changed(live, household, job, min(wait, live.max_seconds)):
+        # A final job cannot change: its long poll is answered at once.
+        if (
+            wait is None
+            or job.status in FINAL_STATUSES
+            or not _changed(live, household, job, min(wait, live.max_seconds))
+        ):
             return _unchanged(app, job)
         household, job, body = _answer(app, job_id, header)
         if household is None:

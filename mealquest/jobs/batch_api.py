@@ -32,7 +32,7 @@ from mealquest.jobs.live import Live, get_live
 from mealquest.jobs.schemas import JobWaitQuerySchema
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.watcher import TOKEN, Credential, WatcherClosed
-from mealquest.model.batches import Batch
+from mealquest.model.batches import Batch, BatchStatus
 from mealquest.model.households import Household
 from mealquest.openapi import operation
 
@@ -92,7 +92,12 @@ def get_batch(batch_id: str) -> ResponseReturnValue:
     batch = _read(batch_id, household.id)
     if _not_modified(batch):
         live = get_live()
-        if wait is None or not _changed(live, household, batch, min(wait, live.max_seconds)):
+        # A finished batch cannot change: its long poll is answered at once.
+        if (
+            wait is None
+            or batch.status is BatchStatus.FINISHED
+            or not _changed(live, household, batch, min(wait, live.max_seconds))
+        ):
             return _unchanged(batch)
         # Held: the token or the household may have gone meanwhile.
         store = get_store()
