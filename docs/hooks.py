@@ -86,13 +86,14 @@ _LIKE_A_SNIPPET = re.compile(r"-\s*-\s*8\s*<\s*-\s*-|--8&lt;--")
 _INCLUDED: dict[str, list[str]] = {}
 
 
-def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+def on_page_markdown(markdown: str, page: Any = None, **kwargs: Any) -> str:
+    name = page.file.src_uri if page is not None else "a page"
     marked = [line for line in markdown.splitlines() if _LIKE_A_SNIPPET.search(line)]
     read = {match.group(0).strip() for match in _SNIPPET.finditer(markdown)}
     malformed = [line.strip() for line in marked if line.strip() not in read]
     if malformed:
-        raise PluginError(f"{page.file.src_uri}: a snippet marker that is not read: {malformed[0]}")
-    _INCLUDED[page.file.src_uri] = [match.group(1) for match in _SNIPPET.finditer(markdown)]
+        raise PluginError(f"{name}: a snippet marker that is not read: {malformed[0]}")
+    _INCLUDED[name] = [match.group(1) for match in _SNIPPET.finditer(markdown)]
     for marker, render in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, render())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -10,7 +11,7 @@ from flask import Flask
 
 from mealquest import admin, cli, errors, health, json_bodies, tracing
 from mealquest.api import bp as api_bp
-from mealquest.config import DEFAULTS, ConfigError, check_config
+from mealquest.config import DEFAULTS, ConfigError, check_config, unknown_variables
 from mealquest.extensions import init_store
 from mealquest.jobs import live as jobs_live
 from mealquest.jobs import service as jobs_service
@@ -42,6 +43,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         app.config["DATABASE"] = os.path.join(app.instance_path, "mealquest.sqlite3")
 
     configure_logging(app.config["LOG_LEVEL"], app.config["LOG_FORMAT"])
+    _warn_of_unknown_variables()
     # First: every other hook's log lines name the request's id.
     middleware.init_app(app)
     tracing.init_app(app)
@@ -61,6 +63,19 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     admin.init_app(app)
     http_metrics.init_app(app)
     return app
+
+
+logger = logging.getLogger(__name__)
+# The unknown variables this process has warned of: each once, whatever
+# number of apps it makes.
+_warned: set[str] = set()
+
+
+def _warn_of_unknown_variables() -> None:
+    for line in unknown_variables(os.environ):
+        if line not in _warned:
+            _warned.add(line)
+            logger.warning("%s", line)
 
 
 def create_app_or_exit() -> Flask:

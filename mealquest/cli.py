@@ -90,12 +90,21 @@ def db_status() -> None:
 @households_cli.command("create")
 @click.argument("name")
 def households_create(name: str) -> None:
-    """Create a household; prints its id and first token (shown only this once)."""
+    """Create a household; prints its id, its first token (shown only this
+    once) and the token's id (what `flask tokens revoke` takes)."""
     try:
         issued = households.create_household(_migrated_store(), name)
     except (HouseholdError, StoreError) as error:
         raise _fail(error) from None
-    click.echo(json.dumps({"household_id": issued.household_id, "token": issued.token}))
+    click.echo(
+        json.dumps(
+            {
+                "household_id": issued.household_id,
+                "token_id": issued.token_id,
+                "token": issued.token,
+            }
+        )
+    )
 
 
 @households_cli.command("list")

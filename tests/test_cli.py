@@ -95,7 +95,7 @@ def test_households_create_prints_a_working_token(runner, client):
     result = runner.invoke(args=["households", "create", "  The Browns  "])
     assert result.exit_code == 0, result.output
     created = json.loads(result.output)
-    assert set(created) == {"household_id", "token"}
+    assert set(created) == {"household_id", "token_id", "token"}
     assert isinstance(created["household_id"], int)
 
     response = client.get("/api/v1/jobs", headers=bearer(created["token"]))
@@ -104,6 +104,11 @@ def test_households_create_prints_a_working_token(runner, client):
     listed = runner.invoke(args=["households", "list"])
     assert listed.exit_code == 0
     assert f"{created['household_id']}  The Browns  tokens=1" in listed.output
+
+    # The token's id is what revoking it takes.
+    revoked = runner.invoke(args=["tokens", "revoke", str(created["token_id"])])
+    assert revoked.exit_code == 0, revoked.output
+    assert client.get("/api/v1/jobs", headers=bearer(created["token"])).status_code == 401
 
 
 @pytest.mark.parametrize(

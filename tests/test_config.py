@@ -4,6 +4,8 @@ raised before anything starts; the job intervals follow the lease unless set."""
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 import re
 import subprocess
 import sys
@@ -11,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import mealquest
 from mealquest import create_app
-from mealquest.config import SETTINGS, ConfigError
+from mealquest.config import SETTINGS, ConfigError, unknown_variables
 from mealquest.config.table import markdown_table
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
@@ -321,3 +324,23 @@ def test_gunicorn_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp_path, 
     assert (result.stdout + result.stderr).splitlines() == [
         "mealquest: MEALQUEST_PROXY_FIX_HOPS: must be a whole number, 0 or more (got -1)"
     ]
+
+
+def test_a_mistyped_variable_is_named_once_with_the_nearest_setting(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("MEALQUEST_JOB_WORKER", "4")
+    monkeypatch.setenv("MEALQUEST_BIND", "127.0.0.1:9000")  # gunicorn's, not the app's
+    monkeypatch.setenv("MEALQUEST_TEST_ANYTHING", "1")  # the suite's own
+    assert unknown_variables(os.environ) == [
+        "MEALQUEST_JOB_WORKER is no setting of this service and is ignored; "
+        "did you mean MEALQUEST_JOB_WORKERS?"
+    ]
+    monkeypatch.setattr(mealquest, "_warned", set())  # as in a new process
+    logger = logging.getLogger("mealquest")
+    logger.addHandler(caplog.handler)
+    try:
+        for _ in range(2):
+            create_app({"TESTING": True, "DATABASE": str(tmp_path / "x.sqlite3")})
+    finally:
+        logger.removeHandler(caplog.handler)
+    warned = [r.getMessage() for r in caplog.records if "MEALQUEST_JOB_WORKER " in r.getMessage()]
+    assert len(warned) == 1  # once a process, however many apps it makes

@@ -13,6 +13,7 @@ operator sets:
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping, MutableMapping
 from typing import Any
@@ -24,6 +25,8 @@ from mealquest.config.table import (
     ENV_PREFIX,
     HANDLER_CONNECTIONS,
     HEARTBEATS_PER_LEASE,
+    OTHER_PREFIXES,
+    OTHER_VARIABLES,
     RESCUES_PER_LEASE,
     SETTINGS,
 )
@@ -34,6 +37,26 @@ __all__ = ["DEFAULTS", "SETTINGS", "ConfigError", "check_config", "check_gunicor
 
 class ConfigError(DocumentedError):
     """A configuration value cannot be used; the message names its variable."""
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each `MEALQUEST_*` variable that no setting has (a typo is
+    otherwise ignored: the setting keeps its default), naming the nearest
+    known one."""
+    known = {setting.variable for setting in SETTINGS}
+    lines = []
+    for name in sorted(environ):
+        if (
+            not name.startswith(ENV_PREFIX)
+            or name in known
+            or name in OTHER_VARIABLES
+            or name.startswith(OTHER_PREFIXES)
+        ):
+            continue
+        nearest = difflib.get_close_matches(name, sorted(known | OTHER_VARIABLES), n=1)
+        hint = f"; did you mean {nearest[0]}?" if nearest else ""
+        lines.append(f"{name} is no setting of this service and is ignored{hint}")
+    return lines
 
 
 def check_config(config: MutableMapping[str, Any]) -> None:

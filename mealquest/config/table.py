@@ -30,6 +30,13 @@ HANDLER_CONNECTIONS = 4
 BLOCKED_EXIT_PER_MAX_BLOCKING = 10
 
 
+# `MEALQUEST_*` variables that are no setting of the app, read elsewhere:
+# gunicorn's configuration (`gunicorn.conf.py`) reads these two...
+OTHER_VARIABLES = frozenset({"MEALQUEST_BIND", "MEALQUEST_METRICS_DIR_PARENT"})
+# ...and the test suite and the bench read their own.
+OTHER_PREFIXES = ("MEALQUEST_TEST_", "MEALQUEST_BENCH_")
+
+
 @dataclass(frozen=True)
 class Setting:
     """One setting: `key` without its `MEALQUEST_` prefix; `shown` is how the
