@@ -13,10 +13,12 @@ Any setting can be overridden with GUNICORN_CMD_ARGS or command-line flags.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -215,6 +217,36 @@ def nworkers_changed(server: Arbiter, new_value: int, old_value: int | None) -> 
     ).returncode
     if status != 0:
         sys.exit(status)
+    _refuse_an_address_in_use(server)
+
+
+def _refuse_an_address_in_use(server: Arbiter) -> None:
+    """One line naming the setting when the address to bind is taken: gunicorn
+    itself says "Connection in use" five times, retrying, and exits with no
+    hint. Not for sockets handed over (a USR2 upgrade's, systemd's), which
+    are in use by design, nor for a Unix socket."""
+    if os.environ.get("GUNICORN_FD") or os.environ.get("LISTEN_FDS"):
+        return
+    for address in server.cfg.address:
+        if not isinstance(address, tuple):
+            continue
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            # As gunicorn binds: a port left in TIME_WAIT is free to it.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address[:2])
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:
+                    raise
+                host = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                print(
+                    f"mealquest: MEALQUEST_BIND: {host}:{address[1]} is in use (another "
+                    "server listens there): stop it, or set MEALQUEST_BIND (or gunicorn's "
+                    "--bind) to a free address, e.g. MEALQUEST_BIND=127.0.0.1:8001",
+                    file=sys.stderr,
+                )
+                sys.exit(1)
 
 
 # prometheus_client's multiprocess mode: every worker writes its counters and
