@@ -222,4 +222,4 @@ def test_one_hosts_imports_run_at_most_its_limit_at_once_and_another_hosts_passe
         site_b.stop()
     assert site_a.most_in_flight == 2
     assert site_a.total_hits == 40
-    assert {jobs.get(i).error for i in from_a} == {"the page could not be fetched (HTTP 404)"}
+    assert {jobs.get(i).error for i in from_a} == {"the page was not found (HTTP 404)"}

@@ -23,6 +23,7 @@ from mealquest.recipes.fetch import (
     FetchPolicy,
     HTTPStatusError,
     TooSlow,
+    Unreachable,
     fetch,
     retry_after_seconds,
 )
@@ -258,3 +259,23 @@ def test_https_checks_the_certificate_of_the_name(tls_server):
     with pytest.raises(CertificateError):
         fetch(f"https://localhost:{port}/", LOOPBACK_OK)
     assert names == ["localhost"]  # SNI carries the name, the socket went to 127.0.0.1
+
+
+def test_a_page_that_cannot_be_reached_says_why_in_safe_words(pages):
+    closed = PageServer().start()
+    closed.stop()  # nothing listens there now: the connection is refused
+    with pytest.raises(Unreachable) as refused:
+        fetch(closed.url("/recipe"), LOOPBACK_OK)
+    assert refused.value.message == (
+        "the page could not be fetched (the site refused the connection)"
+    )
+    with pytest.raises(HTTPStatusError) as missing:
+        fetch(pages.url("/nowhere"), LOOPBACK_OK)
+    assert missing.value.message == "the page was not found (HTTP 404)"
+
+
+def test_a_refused_address_names_the_setting_to_the_operator_only(pages):
+    with pytest.raises(AddressNotAllowed) as refused:
+        fetch(pages.url("/nowhere"), FetchPolicy())
+    assert refused.value.message == "that address is not allowed"
+    assert "MEALQUEST_ALLOW_PRIVATE_URLS=true" in refused.value.detail

@@ -438,7 +438,7 @@ def _failure_cases(pages: PageServer) -> None:
 @pytest.mark.parametrize(
     ("path", "config", "message", "hits"),
     [
-        pytest.param("/missing", {}, "the page could not be fetched (HTTP 404)", 1, id="404"),
+        pytest.param("/missing", {}, "the page was not found (HTTP 404)", 1, id="404"),
         pytest.param("/broken", {}, "the page could not be fetched (HTTP 500)", 3, id="500"),
         pytest.param("/plain", {}, "no recipe found on the page", 1, id="no-recipe"),
         pytest.param("/huge", {}, "the page is too large", 1, id="too-large-streamed"),
@@ -495,8 +495,13 @@ def test_an_address_nothing_listens_on_is_retried_then_fails_plainly(start, auth
     job = finished(client, auth, job_id)
 
     assert job["status"] == "failed"
-    assert job["error"] == "the page could not be fetched"
+    assert job["error"] == "the page could not be fetched (the site refused the connection)"
     assert attempts(app, job_id) == 3
+    # The operator reads the cause on each attempt, in the log and with the job.
+    causes = [r.getMessage() for r in logs.records if getattr(r, "job_id", None) == job_id]
+    assert causes.count("recipe page could not be fetched: the site refused the connection") == 3
+    lines = get_jobs(app).log_lines(job_id)
+    assert [line.message for line in lines] == ["fetch failed: the site refused the connection"] * 3
     for record in logs.records:
         if record.levelno < logging.ERROR:
             assert SECRET not in logging.Formatter().format(record)

@@ -56,23 +56,36 @@ _MAX_RETRY_AFTER_SECONDS = 365 * 24 * 3600.0
 
 
 class FetchError(Exception):
-    """The page could not be fetched; the message is safe to show."""
+    """The page could not be fetched; the message is safe to show. `detail`
+    is for operators (the log, `flask jobs show`): the cause, and the
+    setting that decides it where one does; never the page's address."""
 
     transient = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail or message
 
 
 class AddressNotAllowed(FetchError):
     def __init__(self) -> None:
-        super().__init__("that address is not allowed")
+        super().__init__(
+            "that address is not allowed",
+            "the host resolves to a private, loopback or reserved address, which is refused "
+            "unless MEALQUEST_ALLOW_PRIVATE_URLS=true (or the address is in "
+            "MEALQUEST_RECIPE_FETCH_ALLOWED_NETWORKS)",
+        )
 
 
 class HTTPStatusError(FetchError):
     def __init__(self, status: int, retry_after_seconds: float | None = None) -> None:
-        super().__init__(f"the page could not be fetched (HTTP {status})")
+        super().__init__(
+            f"the page was not found (HTTP {status})"
+            if status in (404, 410)
+            else f"the page could not be fetched (HTTP {status})",
+            f"the site answered HTTP {status}",
+        )
         self.status = status
         # A server error may pass; a 4xx says this request will never work.
         self.transient = status >= 500
@@ -111,16 +124,28 @@ class TooSlow(FetchError):
     transient = True
 
     def __init__(self) -> None:
-        super().__init__("the page took too long to answer")
+        super().__init__(
+            "the page took too long to answer",
+            "no answer within MEALQUEST_RECIPE_FETCH_TIMEOUT_SECONDS (or the connect timeout, "
+            "MEALQUEST_RECIPE_FETCH_CONNECT_TIMEOUT_SECONDS)",
+        )
 
 
 class Unreachable(FetchError):
-    """Resolution failed, the connection was refused or reset, or the body was cut short."""
+    """Resolution failed, the connection was refused or reset, or the body was
+    cut short: `reason` says which, in words a household may read."""
 
     transient = True
 
-    def __init__(self) -> None:
-        super().__init__("the page could not be fetched")
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the page could not be fetched ({reason})", reason)
+
+
+# Why a site could not be reached, as `Unreachable` says it.
+NAME_NOT_FOUND = "its site's name was not found"
+REFUSED = "the site refused the connection"
+CUT = "the connection was cut"
+NO_ROUTE = "the site could not be reached"
 
 
 class TooLarge(FetchError):
@@ -214,7 +239,7 @@ def _resolve(target: _Target, policy: AddressPolicy) -> list[tuple[int, tuple[An
             target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
         )
     except (OSError, UnicodeError):
-        raise Unreachable() from None
+        raise Unreachable(NAME_NOT_FOUND) from None
     resolved: list[tuple[int, tuple[Any, ...]]] = []
     for family, _type, _proto, _name, sockaddr in infos:
         if family not in (socket.AF_INET, socket.AF_INET6):
@@ -228,7 +253,7 @@ def _resolve(target: _Target, policy: AddressPolicy) -> list[tuple[int, tuple[An
         if (family, sockaddr) not in resolved:
             resolved.append((family, sockaddr))
     if not resolved:
-        raise Unreachable()
+        raise Unreachable(NAME_NOT_FOUND)
     return resolved
 
 
@@ -312,8 +337,12 @@ def _follow(url: str, policy: FetchPolicy) -> Page:
             raise CertificateError() from None
         except TimeoutError:
             raise TooSlow() from None
-        except (OSError, http.client.IncompleteRead):
-            raise Unreachable() from None
+        except ConnectionRefusedError:
+            raise Unreachable(REFUSED) from None
+        except (ConnectionError, http.client.IncompleteRead):  # reset, aborted, cut short
+            raise Unreachable(CUT) from None
+        except OSError:
+            raise Unreachable(NO_ROUTE) from None
         except (http.client.HTTPException, UnicodeError, ValueError):
             raise BadResponse() from None
         if isinstance(outcome, Page):

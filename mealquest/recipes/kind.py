@@ -75,6 +75,11 @@ def import_recipe(
     try:
         page = fetch(url, policy)
     except FetchError as error:
+        # The operator's line names the cause (and the setting that decides
+        # it); the household reads `error.message`. Neither quotes the URL.
+        extra = {"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt}
+        logger.warning("recipe page could not be fetched: %s", error.detail, extra=extra)
+        ctx.log.warning("fetch failed: %s", error.detail)
         if isinstance(error, HTTPStatusError) and error.retry_after_seconds is not None:
             # The site said when to come back: no attempt is spent on its say-so.
             raise Snooze(min(error.retry_after_seconds, MAX_SNOOZE_SECONDS)) from None
