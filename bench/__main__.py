@@ -743,7 +743,9 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         return median(rates(name, key)) if runs[name] else None
 
     def paired(name: str, key: str = "drain") -> list[tuple[float, float]]:
-        """(ours, its) jobs/s of each interleaved round."""
+        """(ours, its) jobs/s of each interleaved round (none for a peer not run)."""
+        if not runs[name]:
+            return []
         return list(zip(rates("runner", key), rates(name, key), strict=True))
 
     drain, cycle = rate("runner", "drain"), rate("runner", "cycle")
