@@ -24,7 +24,12 @@ only stopped with everything else: see `BlockedLoop`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import stat
+import struct
+import termios
 import time
 
 import gevent
@@ -45,6 +50,8 @@ _ON_TIME_SECONDS = 0.5
 # How long the line on stderr may take (a pipe nobody reads) before the exit
 # goes ahead without it.
 _WRITE_SECONDS = 1.0
+# fcntl's F_GETPIPE_SZ (Linux 2.6.35+), which Python 3.11's fcntl names only on some builds.
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class BlockedLoop:
@@ -148,14 +155,23 @@ class BlockedLoopExit:
 
 
 def _exit_now(line: str) -> None:
-    """Write `line` to stderr (given a moment, from a thread of its own, so that
-    a full pipe cannot hold the exit), then end the process without cleanup."""
+    """Write `line` to stderr, then end the process without cleanup. Where
+    stderr takes it at once (a file, a pipe with room), it is written here;
+    else from a thread of its own, given a moment, so that a full pipe cannot
+    hold the exit. (Always from a thread, the line was lost once in CI: on a
+    loaded machine, with the blocked loop holding the GIL, the thread did not
+    get to run within the moment.)"""
+    data = line.encode()
+    if _takes_at_once(2, len(data)):
+        with contextlib.suppress(OSError):
+            os.write(2, data)
+        os._exit(EXIT_STATUS)
     written = _native_lock()
     written.acquire()
 
     def write() -> None:
         try:
-            os.write(2, line.encode())
+            os.write(2, data)
         except OSError:
             pass
         finally:
@@ -164,3 +180,19 @@ def _exit_now(line: str) -> None:
     _start_native_thread(write, ())
     written.acquire(timeout=_WRITE_SECONDS)
     os._exit(EXIT_STATUS)
+
+
+def _takes_at_once(fd: int, size: int) -> bool:
+    """Whether a write of `size` bytes to `fd` cannot block: a regular file,
+    or a pipe with that much room (Linux: its size less what is unread)."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            return True
+        if not stat.S_ISFIFO(mode):
+            return False
+        capacity = fcntl.fcntl(fd, _F_GETPIPE_SZ)
+        unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return False
+    return capacity - unread >= size
