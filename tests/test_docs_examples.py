@@ -37,16 +37,35 @@ def _example(name: str) -> ModuleType:
 scale_recipe = _example("scale_recipe")
 
 
+# --8<-- [start:fixture]
 @pytest.fixture
 def app(make_app) -> Flask:
-    app = make_app()
-    # As the guides say: the kind with the app's other kinds, the route on
-    # the authenticated /api/v1 (here beside it, as a test cannot add to a
-    # blueprint the app already holds; the prefix is what authenticates).
-    scale_recipe.register(app)
-    app.register_blueprint(scale_recipe.bp, url_prefix="/api/v1/recipe-scalings")
+    app = with_the_guides_kind(make_app())
     get_jobs(app).start_pool()
     return app
+
+
+def with_the_guides_kind(app: Flask) -> Flask:
+    """As the guides say: the kind with the app's other kinds, the route on
+    the authenticated /api/v1 (here beside it, as a test cannot add to a
+    blueprint the app already holds; the prefix is what authenticates). A
+    reader who followed the guide has both in the app already: then the
+    suite tests theirs (registering a kind twice is an error)."""
+    if get_jobs(app).registry.get(scale_recipe.KIND) is None:
+        scale_recipe.register(app)
+    if not any(rule.rule == "/api/v1/recipe-scalings" for rule in app.url_map.iter_rules()):
+        app.register_blueprint(scale_recipe.bp, url_prefix="/api/v1/recipe-scalings")
+    return app
+
+
+# --8<-- [end:fixture]
+
+
+def test_a_kind_the_reader_added_as_the_guide_says_is_the_one_tested(make_app):
+    # Following the guide to the letter once broke the suite: the reader's
+    # `scale_recipe` and the suite's example were both registered.
+    app = with_the_guides_kind(make_app())  # as the reader's create_app would have it
+    assert with_the_guides_kind(app) is app  # and the suite's fixture again: no error
 
 
 def _recipe(app: Flask, household_id: int, yields: str | None) -> str:
@@ -81,6 +100,7 @@ def _finished(client, auth, location: str) -> dict:
     return wait_for(final)
 
 
+# --8<-- [start:test]
 def test_the_guides_kind_scales_a_recipe_enqueued_through_its_route(app, household, auth):
     recipe_id = _recipe(app, household.household_id, "4 servings")
     client = app.test_client()
@@ -95,6 +115,9 @@ def test_the_guides_kind_scales_a_recipe_enqueued_through_its_route(app, househo
         "servings": 6,
         "ingredients": ["1.5 kg tomatoes", "2.25 onions", "0.75 tsp salt", "a pinch of pepper"],
     }
+
+
+# --8<-- [end:test]
 
 
 def test_another_households_recipe_fails_the_job_with_the_guides_message(
