@@ -30,7 +30,19 @@ def _cannot_enqueue(*args: Any, **kwargs: Any) -> NewJob:
 
 
 class JobContext:
-    """What a handler gets besides its payload: who it is, and fenced writes."""
+    """What a handler gets besides its payload: who it is, and fenced writes.
+
+    :ivar job_id: the job's id (32 hex digits)
+    :ivar household_id: the household whose job it is
+    :ivar kind: the job's kind
+    :ivar attempt: this attempt's number, 1 for the first
+    :ivar max_attempts: the attempts the kind allows
+    :ivar snoozes: how many times the job was snoozed before this run
+    :ivar log: the handler's own log lines (`ctx.log.info(...)`), kept with
+        this attempt and shown to operators, never to the household
+    :ivar store: the database; a handler writes its own rows through its
+        statements inside `ctx.write`
+    """
 
     def __init__(
         self,
