@@ -5,6 +5,8 @@ route and run by the real pool, on both databases."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -193,3 +195,44 @@ def test_the_getting_started_page_imports_as_the_guide_shows(make_app):
         "Soften the onion in the oil.",
         "Add the tomatoes and stock; simmer 20 minutes, then blend.",
     ]
+
+
+# The fields of a 202's sample whose values any new import answers alike.
+_STABLE = ("kind", "status", "attempt", "max_attempts", "result", "error", "finished_at")
+
+
+def _samples(path: Path) -> list[str]:
+    """The JSON of each `202` answer a page shows (after its headers)."""
+    found = re.findall(
+        r"HTTP/1\.1 202 ACCEPTED\n(?:[^\n]+\n)*\n(\{.*?\})\n```", path.read_text(), re.S
+    )
+    assert found, f"no 202 sample in {path}"
+    return found
+
+
+def test_the_202_samples_of_the_readme_and_getting_started_are_the_services(make_app):
+    # They showed `running` and attempt 1 where the service answers `queued`,
+    # attempt 0 and a `queue` object.
+    app = make_app(ALLOW_PRIVATE_URLS=True)  # no pool: the answer as made at the enqueue
+    token = create_household(get_store(app), "Home").token
+    real = (
+        app.test_client()
+        .post(
+            "/api/v1/recipe-imports",
+            json={"url": "http://127.0.0.1:8765/tomato-soup.html"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        .get_json()
+    )
+    root = EXAMPLES.parents[1]
+    for page in (root / "README.md", root / "docs" / "getting-started.md"):
+        for sample in _samples(page):
+            if "…" in sample:  # abbreviated: the pairs it shows
+                shown = json.loads(sample.replace(", …}", "}"))
+            else:
+                shown = json.loads(sample)
+                assert set(shown) == set(real), page
+                assert set(shown["queue"]) == set(real["queue"]), page
+            for key in _STABLE:
+                if key in shown:
+                    assert shown[key] == real[key], (page, key)
