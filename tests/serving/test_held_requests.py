@@ -10,12 +10,14 @@ import json
 import select
 import signal
 import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import pytest
 
 from mealquest.households import create_household
+from mealquest.model.jobs import NewJob, OnInterrupt
 from tests.support import sql
 from tests.support.servers import TIMEOUT, enqueue, final_jobs, http, job, wait_until
 
@@ -35,17 +37,26 @@ def held(store, household_id: int | None = None) -> int:
     )
 
 
-def finished_job(server, token) -> tuple[str, str]:
-    """A job that will not change again, and its ETag."""
-    job_id = enqueue(server.url, token, "succeed", {"value": 1})
-    wait_until(lambda: final_jobs_of(server, token, job_id), DEADLINE, "the job did not finish")
-    answer = http("GET", f"{server.url}/api/v1/jobs/{job_id}", token=token)
+def unchanging_job(server, store, household) -> tuple[str, str]:
+    """A job that will not change while the test runs, and its ETag: queued,
+    due in a year. (Not a final job: a long poll on one is answered at once,
+    never held.)"""
+    job_id = uuid.uuid4().hex
+    store.write(
+        store.jobs.insert_job,
+        NewJob(
+            job_id=job_id,
+            household_id=household.household_id,
+            kind="succeed",
+            payload='{"value": 1}',
+            max_attempts=1,
+            on_interrupt=OnInterrupt.FAIL,
+            delay_seconds=365 * 24 * 3600.0,
+        ),
+    )
+    answer = http("GET", f"{server.url}/api/v1/jobs/{job_id}", token=household.token)
+    assert answer.json["status"] == "queued", answer
     return job_id, answer.headers["ETag"]
-
-
-def final_jobs_of(server, token, job_id) -> bool:
-    answer = http("GET", f"{server.url}/api/v1/jobs/{job_id}", token=token)
-    return answer.json["status"] == "succeeded"
 
 
 @contextmanager
@@ -83,7 +94,7 @@ def test_one_households_thousands_of_long_polls_leave_others_served(served, star
     )
     attacker = create_household(served.store, "The Pollers")
     other = served.token
-    job_id, etag = finished_job(server, attacker.token)
+    job_id, etag = unchanging_job(server, served.store, attacker)
 
     with long_polls(server, attacker.token, job_id, etag, 400) as sockets:
         # 20 held (the household's cap); the rest answered at once, as
@@ -107,7 +118,7 @@ def test_many_households_held_requests_stop_at_the_process_cap(served, start_gun
         extra_args=("--worker-connections", str(CONNECTIONS)),
     )
     households = [create_household(served.store, f"House {n}") for n in range(6)]
-    jobs = [finished_job(server, house.token) for house in households]
+    jobs = [unchanging_job(server, served.store, house) for house in households]
     with ExitStack() as stack:
         sockets = [
             sock
