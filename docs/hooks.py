@@ -9,10 +9,10 @@ The CLI (mkdocs-click) and the Python API (mkdocstrings) have plugins.
 
 Pages that include code (`--8<-- "docs/examples/scale_recipe.py:handler"`,
 pymdownx.snippets) are held to it: a build fails when a page carries a
-marker the extension does not read (a formatter once rewrote four of them
-as `--8 < --`, which rendered as text while `mkdocs build --strict`
-passed), or when a built page lacks the first line of a section it
-includes.
+marker the extension does not read (a formatter once put spaces around the
+`<` of four of them, which then rendered as text while `mkdocs build
+--strict` passed), or when a built page lacks the first line of a section
+it includes.
 """
 
 from __future__ import annotations
