@@ -196,6 +196,10 @@ def procrastinate_child(args: dict) -> dict:
     return asyncio.run(run())
 
 
+# awa's jobs not yet completed, through its own view of every job.
+_AWA_UNFINISHED = "SELECT count(*) FROM awa.jobs WHERE state <> 'completed'"
+
+
 def awa_child(args: dict) -> dict:
     """The peer: awa (a Rust engine, its Python SDK `awa-pg`), its async
     workers (`workers` on one queue) on an empty database of the same
@@ -203,6 +207,7 @@ def awa_child(args: dict) -> dict:
     one at a time, as ours are."""
     from dataclasses import dataclass
 
+    import asyncpg
     from awa import AsyncClient
 
     @dataclass
@@ -229,7 +234,13 @@ def awa_child(args: dict) -> dict:
         enqueued = time.perf_counter()
         await client.start([("bench", args["workers"])])
         await asyncio.wait_for(done.wait(), timeout=600)
+        # Drained at its last outcome committed, as seen from another
+        # connection, where ours is timed: the last handler call comes first.
+        watching = await asyncpg.connect(args["url"])
+        while await watching.fetchval(_AWA_UNFINISHED):
+            await asyncio.sleep(0.001)
         drained = time.perf_counter()
+        await watching.close()
         await client.shutdown()
         written = pg.written_since(args["url"], mark, n)
         if count["jobs"] != n:

@@ -2,8 +2,12 @@
 
 gunicorn runs with the project's `gunicorn.conf.py` (gevent workers, each
 with its job pool, access log on) and 2 workers, the bench app
-(`bench.wsgi:app`) bound to a free loopback port. The two routes are loaded
-alternately, the same way, a few seconds each.
+(`bench.wsgi:app`) bound to a free loopback port. Three loads take turns,
+the same way, a few seconds each: the trivial route; a finished job, which
+never changes, so every read after the first is the read cache's (its best
+case); and a running job that this process changes every few milliseconds
+(a partial result, as a handler's `ctx.partial` writes it), so that most
+reads find the database changed and read it again.
 """
 
 from __future__ import annotations
@@ -14,22 +18,25 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 from pathlib import Path
 
-from bench.common import REPO, free_port, fresh_database, median, wait_until
+from bench.common import REPO, free_port, fresh_database, wait_until
 from bench.loadgen import run_load
 
 _CREATED = "2024-01-01T00:00:00.000000Z"
+# How often the changing job changes: a handler writing partial results fast.
+CHANGE_SECONDS = 0.005
 
 
-def _seed(db: str, household: int) -> tuple[str, str]:
-    """A token and a finished job of the household, written directly."""
+def _seed(db: str, household: int) -> tuple[str, str, str]:
+    """A token, a finished job and a running job of the household, written directly."""
     from mealquest.households import TOKEN_PREFIX, token_digest
 
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    job_id = uuid.uuid4().hex
+    job_id, running_id = uuid.uuid4().hex, uuid.uuid4().hex
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
@@ -42,9 +49,48 @@ def _seed(db: str, household: int) -> tuple[str, str]:
         "VALUES (?1, ?2, 'noop', '{}', 'succeeded', '{}', 1, 1, ?3, ?3, ?3, ?3, ?3)",
         (job_id, household, _CREATED),
     )
+    conn.execute(
+        "INSERT INTO jobs (id, household_id, kind, payload, status, attempt, "
+        "max_attempts, run_at, created_at, updated_at, started_at, lease_owner, "
+        "lease_expires_at) "
+        "VALUES (?1, ?2, 'noop', '{}', 'running', 1, 1, ?3, ?3, ?3, ?3, 'bench', "
+        "'9999-01-01T00:00:00.000000Z')",
+        (running_id, household, _CREATED),
+    )
     conn.execute("COMMIT")
     conn.close()
-    return token, job_id
+    return token, job_id, running_id
+
+
+class _Changer:
+    """Writes a new partial result to a running job every CHANGE_SECONDS while on."""
+
+    def __init__(self, db: str, job_id: str) -> None:
+        self._db, self._job_id = db, job_id
+        self._stop = threading.Event()
+        self.changes = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Changer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self._db, isolation_level=None, timeout=30)
+        try:
+            while not self._stop.wait(CHANGE_SECONDS):
+                self.changes += 1
+                conn.execute(
+                    "UPDATE jobs SET result = json_object('step', ?1), "
+                    "updated_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?2",
+                    (self.changes, self._job_id),
+                )
+        finally:
+            conn.close()
 
 
 def _answers(url: str, headers: dict[str, str]) -> bool:
@@ -58,7 +104,7 @@ def _answers(url: str, headers: dict[str, str]) -> bool:
 
 def serve_and_load(workdir: Path, seconds: float, connections: int, repeats: int, generator: str):
     db, household = fresh_database(workdir, "http.sqlite3")
-    token, job_id = _seed(db, household)
+    token, job_id, running_id = _seed(db, household)
     port = free_port()
     log = workdir / "gunicorn.log"
     env = {
@@ -90,6 +136,7 @@ def serve_and_load(workdir: Path, seconds: float, connections: int, repeats: int
     base = f"http://127.0.0.1:{port}"
     trivial_url = f"{base}/bench/trivial"
     job_url = f"{base}/api/v1/jobs/{job_id}"
+    running_url = f"{base}/api/v1/jobs/{running_id}"
     auth = {"Authorization": f"Bearer {token}"}
     try:
         wait_until(
@@ -100,15 +147,19 @@ def serve_and_load(workdir: Path, seconds: float, connections: int, repeats: int
         )
         if server.poll() is not None:
             raise RuntimeError(f"gunicorn exited:\n{log.read_text()[-4000:]}")
-        if not _answers(job_url, auth):
+        if not _answers(job_url, auth) or not _answers(running_url, auth):
             raise RuntimeError("GET /api/v1/jobs/{id} did not answer 200")
-        # Warm both routes (imports, connections, caches) before timing.
+        # Warm the routes (imports, connections, caches) before timing.
         run_load(trivial_url, {}, min(1.0, seconds), connections, generator)
         run_load(job_url, auth, min(1.0, seconds), connections, generator)
-        trivial, job = [], []
+        trivial, job, changing = [], [], []
         for _ in range(repeats):
             trivial.append(run_load(trivial_url, {}, seconds, connections, generator))
             job.append(run_load(job_url, auth, seconds, connections, generator))
+            with _Changer(db, running_id) as changer:
+                changing.append(run_load(running_url, auth, seconds, connections, generator))
+            if changer.changes < seconds / CHANGE_SECONDS / 4:
+                raise RuntimeError(f"the running job changed only {changer.changes} times")
     finally:
         if server.poll() is None:
             server.send_signal(signal.SIGTERM)
@@ -117,15 +168,7 @@ def serve_and_load(workdir: Path, seconds: float, connections: int, repeats: int
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    for run in trivial + job:
+    for run in trivial + job + changing:
         if run["non_200"]:
             raise RuntimeError(f"{run['non_200']} answers were not 200")
-
-    def summary(runs: list[dict]) -> dict:
-        return {
-            "requests_per_s": median([r["requests_per_s"] for r in runs]),
-            "p99_ms": median([r["p99_ms"] for r in runs]),
-            "generator": runs[0]["generator"],
-        }
-
-    return summary(job), summary(trivial)
+    return {"job": job, "changing": changing, "trivial": trivial}
