@@ -14,7 +14,7 @@ from flask_httpauth import HTTPTokenAuth
 
 from mealquest.errors import error_response
 from mealquest.extensions import get_store
-from mealquest.households import household_for_token
+from mealquest.households import household_for_token, note_token_use, token_digest
 from mealquest.model.households import Household
 
 token_auth = HTTPTokenAuth(scheme="Bearer")
@@ -49,6 +49,7 @@ def require_token() -> ResponseReturnValue | None:
         return refuse_suspended()
     # Where `login_required` keeps the user for `token_auth.current_user()`.
     g.flask_httpauth_user = household
+    note_token_use(get_store(), token_digest(bearer_token()))
     return None
 
 

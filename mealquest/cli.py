@@ -197,10 +197,11 @@ def households_erase(household_id: int, yes: bool, wait_seconds: float | None) -
 
 @tokens_cli.command("create")
 @click.argument("household_id", type=int)
-def tokens_create(household_id: int) -> None:
+@click.option("--name", help="what its holder calls it (at most 100 characters)")
+def tokens_create(household_id: int, name: str | None) -> None:
     """Make another token for a household (shown only this once)."""
     try:
-        issued = households.create_token(_migrated_store(), household_id)
+        issued = households.create_token(_migrated_store(), household_id, name=name)
     except (HouseholdError, StoreError) as error:
         raise _fail(error) from None
     click.echo(
@@ -212,6 +213,23 @@ def tokens_create(household_id: int) -> None:
             }
         )
     )
+
+
+@tokens_cli.command("list")
+@click.argument("household_id", type=int)
+def tokens_list(household_id: int) -> None:
+    """A household's tokens: id, name, created, last used (to the minute), and
+    when revoked. Never a token itself: only its digest is stored."""
+    try:
+        tokens = households.list_tokens(_migrated_store(), household_id)
+    except (HouseholdError, StoreError) as error:
+        raise _fail(error) from None
+    for token in tokens:
+        revoked = f"  revoked={token.revoked_at}" if token.revoked_at else ""
+        click.echo(
+            f"{token.id}  name={token.name or '-'}  created={token.created_at}  "
+            f"last_used={token.last_used_at or 'never'}{revoked}"
+        )
 
 
 @tokens_cli.command("revoke")

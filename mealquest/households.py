@@ -9,17 +9,23 @@ which leaves no secret-dependent comparison to time.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from mealquest import audit
 from mealquest.db.driver import Store, Transaction
+from mealquest.db.errors import StoreError
 from mealquest.model.households import (
     SYSTEM_HOUSEHOLD_ID,
     Household,
     HouseholdError,
     HouseholdFigures,
     HouseholdState,
+    TokenInfo,
+    UnknownHousehold,
 )
 from mealquest.model.operators import Operator
 from mealquest.storable import name_problem
@@ -61,15 +67,23 @@ def create_household(store: Store, name: str, operator: Operator | None = None) 
     return IssuedToken(household_id, token_id, token)
 
 
-def create_token(store: Store, household_id: int, operator: Operator | None = None) -> IssuedToken:
+# A token's name: what its holder calls it ("kitchen tablet").
+MAX_TOKEN_NAME = 100
+
+
+def create_token(
+    store: Store, household_id: int, operator: Operator | None = None, *, name: str | None = None
+) -> IssuedToken:
     """Another token for the household, audited."""
     if household_id == SYSTEM_HOUSEHOLD_ID:
         raise HouseholdError("the system household (periodic jobs) has no tokens")
+    if name is not None and not 1 <= len(name) <= MAX_TOKEN_NAME:
+        raise HouseholdError(f"a token's name is 1 to {MAX_TOKEN_NAME} characters")
     token = _new_token()
 
     def write(tx: Transaction) -> int:
         made = store.households.insert_token(
-            tx, household_id=household_id, token_sha256=token_digest(token)
+            tx, household_id=household_id, token_sha256=token_digest(token), name=name
         )
         audit.insert(tx, store, operator, "create", f"token {made} of household {household_id}")
         return made
@@ -85,6 +99,41 @@ def revoke_token(store: Store, token_id: int, operator: Operator | None = None) 
         audit.insert(tx, store, operator, "revoke", f"token {token_id}")
 
     store.write(write)
+
+
+def list_tokens(store: Store, household_id: int) -> list[TokenInfo]:
+    """The household's tokens, live and revoked (`UnknownHousehold` if there is none)."""
+    if get_household(store, household_id) is None:
+        raise UnknownHousehold()
+    return store.read(store.households.list_tokens, household_id)
+
+
+# How stale a token's `last_used_at` may be: each process writes it at most
+# this often a token, so a request pays for the write about once a minute.
+TOKEN_USE_SECONDS = 60.0
+# Digests this process recorded a use of lately, the oldest dropped first:
+# a bound on its memory however many tokens call.
+_TOKENS_REMEMBERED = 10_000
+_recorded: OrderedDict[str, float] = OrderedDict()
+_log = logging.getLogger(__name__)
+
+
+def note_token_use(store: Store, digest: str, *, now: float | None = None) -> None:
+    """Record that the token of `digest` was used, unless this process did so
+    within TOKEN_USE_SECONDS. A failed write is logged, never the request's
+    failure: the token was good, and knowing when is only bookkeeping."""
+    now = time.monotonic() if now is None else now
+    last = _recorded.get(digest)
+    if last is not None and now - last < TOKEN_USE_SECONDS:
+        return
+    _recorded[digest] = now
+    _recorded.move_to_end(digest)
+    while len(_recorded) > _TOKENS_REMEMBERED:
+        _recorded.popitem(last=False)
+    try:
+        store.write(store.households.record_token_use, digest)
+    except StoreError as error:
+        _log.warning("a token's last use was not recorded: %s", type(error).__name__)
 
 
 def list_households(store: Store) -> list[tuple[Household, int]]:

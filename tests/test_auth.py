@@ -13,8 +13,11 @@ import pytest
 
 from mealquest.households import (
     TOKEN_PREFIX,
+    TOKEN_USE_SECONDS,
     create_token,
     household_for_token,
+    list_tokens,
+    note_token_use,
     revoke_token,
     token_digest,
 )
@@ -203,7 +206,15 @@ def test_tokens_are_stored_only_as_sha256_digests(store, db_path, household, oth
     finally:
         conn.close()
 
-    assert columns == ["id", "household_id", "token_sha256", "created_at", "revoked_at"]
+    assert columns == [
+        "id",
+        "household_id",
+        "token_sha256",
+        "created_at",
+        "revoked_at",
+        "name",
+        "last_used_at",
+    ]
     assert set(stored) == {token.token_id for token in issued}
     for token in issued:
         household_id, digest = stored[token.token_id]
@@ -232,3 +243,33 @@ def test_household_for_token_reads_only_live_tokens(store, household):
     assert household_for_token(store, household.token[:-1]) is None
     revoke_token(store, household.token_id)
     assert household_for_token(store, household.token) is None
+
+
+def test_a_tokens_use_is_written_at_most_once_a_minute_a_process(client, store, household):
+    digest = token_digest(household.token)
+
+    def last_used():
+        return list_tokens(store, household.household_id)[0].last_used_at
+
+    def forget():
+        store.write(lambda tx: tx.execute("UPDATE api_tokens SET last_used_at = NULL"))
+
+    assert last_used() is None
+    note_token_use(store, digest, now=1_000_000.0)
+    assert last_used() is not None
+    forget()
+    note_token_use(store, digest, now=1_000_000.0 + TOKEN_USE_SECONDS - 1)
+    assert last_used() is None  # within the minute: no write
+    note_token_use(store, digest, now=1_000_000.0 + TOKEN_USE_SECONDS)
+    assert last_used() is not None
+
+
+def test_a_request_records_its_tokens_use(client, store, household):
+    assert list_tokens(store, household.household_id)[0].last_used_at is None
+    assert (
+        client.get(
+            "/api/v1/jobs", headers={"Authorization": f"Bearer {household.token}"}
+        ).status_code
+        == 200
+    )
+    assert list_tokens(store, household.household_id)[0].last_used_at is not None

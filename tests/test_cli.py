@@ -162,6 +162,44 @@ def test_tokens_create_makes_another_working_token(runner, client, household):
     assert client.get("/api/v1/jobs", headers=bearer(household.token)).status_code == 200
 
 
+def test_tokens_list_shows_each_token_with_its_last_use_and_never_a_secret(
+    runner, client, household
+):
+    made = runner.invoke(
+        args=["tokens", "create", str(household.household_id), "--name", "kitchen tablet"]
+    )
+    assert made.exit_code == 0, made.output
+    tablet = json.loads(made.output)
+
+    before = runner.invoke(args=["tokens", "list", str(household.household_id)])
+    assert before.exit_code == 0, before.output
+    lines = before.output.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        str(household.token_id),
+        str(tablet["token_id"]),
+    ]
+    assert "name=kitchen tablet" in lines[1]
+    assert all("last_used=never" in line for line in lines)
+
+    assert client.get("/api/v1/jobs", headers=bearer(tablet["token"])).status_code == 200
+    runner.invoke(args=["tokens", "revoke", str(household.token_id)])
+    after = runner.invoke(args=["tokens", "list", str(household.household_id)]).output
+    first, second = after.splitlines()
+    assert "last_used=never" in first
+    assert "revoked=" in first
+    assert "last_used=20" in second
+    assert "revoked=" not in second
+    for token in (household.token, tablet["token"]):
+        assert token not in before.output + after
+        assert token.removeprefix("mq_")[:12] not in before.output + after
+
+
+def test_tokens_list_refuses_an_unknown_household(runner):
+    result = runner.invoke(args=["tokens", "list", "999"])
+    assert result.exit_code == 1
+    assert "Error: No household has that id." in result.output
+
+
 def test_tokens_create_refuses_an_unknown_household(runner, store):
     result = runner.invoke(args=["tokens", "create", "999"])
     assert result.exit_code == 1

@@ -25,7 +25,7 @@ from mealquest.db.migrations import AppliedMigration, Ledger, Migration
 from mealquest.model.audit import AuditEntry
 from mealquest.model.batches import Batch, BatchOutcome, NewBatch, Unblocked
 from mealquest.model.history import History
-from mealquest.model.households import Household, HouseholdFigures, HouseholdState
+from mealquest.model.households import Household, HouseholdFigures, HouseholdState, TokenInfo
 from mealquest.model.jobs import (
     ClaimRequest,
     HeldLease,
@@ -279,8 +279,18 @@ class HouseholdStatements(Protocol):
 
     def insert_household(self, tx: Transaction, /, *, name: str) -> int: ...
 
-    def insert_token(self, tx: Transaction, /, *, household_id: int, token_sha256: str) -> int:
+    def insert_token(
+        self, tx: Transaction, /, *, household_id: int, token_sha256: str, name: str | None = None
+    ) -> int:
         """A token for the household (`UnknownHousehold` if there is none)."""
+        ...
+
+    def list_tokens(self, conn: Reads, household_id: int, /) -> list[TokenInfo]:
+        """The household's tokens, live and revoked, oldest first."""
+        ...
+
+    def record_token_use(self, tx: Transaction, token_sha256: str, /) -> None:
+        """Note that a live token (by digest) was used now."""
         ...
 
     def create_household(

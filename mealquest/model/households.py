@@ -33,6 +33,18 @@ class SystemHouseholdRefused(HouseholdError):
 
 
 @dataclass(frozen=True)
+class TokenInfo:
+    """A token as `flask tokens list` shows it: never its secret, which is not
+    stored (times as fixed-width UTC text, None while not so)."""
+
+    id: int
+    name: str | None
+    created_at: str
+    last_used_at: str | None
+    revoked_at: str | None
+
+
+@dataclass(frozen=True)
 class Household:
     id: int
     name: str

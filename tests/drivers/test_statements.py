@@ -404,6 +404,32 @@ def test_households_and_their_live_tokens(store):
         store.write(store.households.revoke_token, first_token)
 
 
+def test_tokens_are_listed_with_their_names_and_last_use(store):
+    smiths, first = store.write(
+        store.households.create_household, name="Smiths", token_sha256="a" * 64
+    )
+    tablet = store.write(
+        store.households.insert_token,
+        household_id=smiths,
+        token_sha256="b" * 64,
+        name="kitchen tablet",
+    )
+    store.write(store.households.record_token_use, "b" * 64)
+    store.write(store.households.revoke_token, first)
+    # A revoked token's use is not recorded (a request with it was refused).
+    store.write(store.households.record_token_use, "a" * 64)
+
+    listed = store.read(store.households.list_tokens, smiths)
+
+    assert [(t.id, t.name) for t in listed] == [(first, None), (tablet, "kitchen tablet")]
+    assert listed[0].last_used_at is None
+    assert listed[0].revoked_at is not None
+    assert listed[1].last_used_at is not None
+    assert listed[1].revoked_at is None
+    assert listed[1].last_used_at >= listed[1].created_at
+    assert store.read(store.households.list_tokens, 999) == []
+
+
 def test_a_token_for_an_unknown_household_is_refused_leaving_the_transaction_usable(store):
     def attempt(tx):
         with pytest.raises(UnknownHousehold):

@@ -18,6 +18,7 @@ from mealquest.model.households import (
     HouseholdErased,
     HouseholdFigures,
     HouseholdState,
+    TokenInfo,
     UnknownHousehold,
     UnknownToken,
 )
@@ -32,7 +33,9 @@ def insert_household(tx: Transaction, *, name: str) -> int:
     return int(row["id"])
 
 
-def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> int:
+def insert_token(
+    tx: Transaction, *, household_id: int, token_sha256: str, name: str | None = None
+) -> int:
     """Store a token's digest for a household; the token's id.
 
     Inserts only if the household exists and was not erased, so an unknown
@@ -40,9 +43,10 @@ def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> in
     failed statement (which would abort the caller's transaction).
     """
     row = tx.execute(
-        "INSERT INTO api_tokens (household_id, token_sha256, created_at) "
-        "SELECT id, %s, now() FROM households WHERE id = %s AND erased_at IS NULL RETURNING id",
-        (token_sha256, household_id),
+        "INSERT INTO api_tokens (household_id, token_sha256, name, created_at) "
+        "SELECT id, %s, %s, now() FROM households WHERE id = %s AND erased_at IS NULL "
+        "RETURNING id",
+        (token_sha256, name, household_id),
     ).fetchone()
     if row is None:
         _live(tx, household_id)
@@ -64,6 +68,33 @@ def revoke_token(tx: Transaction, token_id: int) -> None:
     )
     if cursor.rowcount != 1:
         raise UnknownToken()
+
+
+def list_tokens(conn: Reads, household_id: int) -> list[TokenInfo]:
+    """The household's tokens, live and revoked, oldest first."""
+    rows = conn.execute(
+        "SELECT id, name, created_at, last_used_at, revoked_at FROM api_tokens "
+        "WHERE household_id = %s ORDER BY id",
+        (household_id,),
+    ).fetchall()
+    return [
+        TokenInfo(
+            row["id"],
+            row["name"],
+            to_text(row["created_at"]),
+            _text(row["last_used_at"]),
+            _text(row["revoked_at"]),
+        )
+        for row in rows
+    ]
+
+
+def record_token_use(tx: Transaction, token_sha256: str) -> None:
+    """Note that a live token (by its digest's unique index) was used now."""
+    tx.execute(
+        "UPDATE api_tokens SET last_used_at = now() WHERE token_sha256 = %s AND revoked_at IS NULL",
+        (token_sha256,),
+    )
 
 
 def list_households(conn: Reads) -> list[tuple[Household, int]]:

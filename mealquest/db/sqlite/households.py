@@ -19,6 +19,7 @@ from mealquest.model.households import (
     HouseholdErased,
     HouseholdFigures,
     HouseholdState,
+    TokenInfo,
     UnknownHousehold,
     UnknownToken,
 )
@@ -34,15 +35,17 @@ def insert_household(tx: Transaction, *, name: str) -> int:
     return int(row["id"])
 
 
-def insert_token(tx: Transaction, *, household_id: int, token_sha256: str) -> int:
+def insert_token(
+    tx: Transaction, *, household_id: int, token_sha256: str, name: str | None = None
+) -> int:
     """Store a token's digest for a household; the token's id (`UnknownHousehold`,
     `HouseholdErased`: none is made)."""
     _live(tx, household_id)
     try:
         row = tx.execute(
-            "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?) "
-            "RETURNING id",
-            (household_id, token_sha256, to_text(utc_now())),
+            "INSERT INTO api_tokens (household_id, token_sha256, name, created_at) "
+            "VALUES (?, ?, ?, ?) RETURNING id",
+            (household_id, token_sha256, name, to_text(utc_now())),
         ).fetchone()
     except sqlite3.IntegrityError:
         raise UnknownHousehold() from None
@@ -63,6 +66,27 @@ def revoke_token(tx: Transaction, token_id: int) -> None:
     )
     if cursor.rowcount != 1:
         raise UnknownToken()
+
+
+def list_tokens(conn: Reads, household_id: int) -> list[TokenInfo]:
+    """The household's tokens, live and revoked, oldest first."""
+    rows = conn.execute(
+        "SELECT id, name, created_at, last_used_at, revoked_at FROM api_tokens "
+        "WHERE household_id = ? ORDER BY id",
+        (household_id,),
+    ).fetchall()
+    return [
+        TokenInfo(row["id"], row["name"], row["created_at"], row["last_used_at"], row["revoked_at"])
+        for row in rows
+    ]
+
+
+def record_token_use(tx: Transaction, token_sha256: str) -> None:
+    """Note that a live token (by its digest's unique index) was used now."""
+    tx.execute(
+        "UPDATE api_tokens SET last_used_at = ? WHERE token_sha256 = ? AND revoked_at IS NULL",
+        (to_text(utc_now()), token_sha256),
+    )
 
 
 def list_households(conn: Reads) -> list[tuple[Household, int]]:
