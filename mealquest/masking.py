@@ -191,3 +191,22 @@ def _replaced(text: str, spans: list[Span]) -> str:
         run_start, run_end = span_start, span_end
     parts += [text[shown_from:run_start], MASK, text[run_end:]]
     return "".join(parts)
+
+
+# A `Failure` message is for a person to read in a job's answer: one longer
+# than this (a page's whole text, say) is cut, not stored and served in full.
+MAX_FAILURE_MESSAGE = 2_000
+_CUT = "…"
+
+
+def bounded_failure_message(message: str) -> str:
+    """`message` cut to `MAX_FAILURE_MESSAGE` characters, never inside a URL:
+    a URL's credentials are masked where jobs are shown only when the URL
+    is whole (a cut one might have lost the `@` that marks them)."""
+    if len(message) <= MAX_FAILURE_MESSAGE:
+        return message
+    end = MAX_FAILURE_MESSAGE - len(_CUT)
+    for url in URL_IN_TEXT.finditer(message, 0, end + 1):
+        if url.end() > end:
+            end = url.start()
+    return message[:end] + _CUT

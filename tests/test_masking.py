@@ -8,9 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mealquest.jobs.outcome import MAX_FAILURE_MESSAGE
-from mealquest.jobs.outcome import bounded_failure_message as _bounded
-from mealquest.masking import mask, mask_url
+from mealquest.masking import MAX_FAILURE_MESSAGE, mask, mask_url
+from mealquest.masking import bounded_failure_message as _bounded
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,11 @@ from mealquest.db.postgresql.jobs import _CAP_LOCK_CLASS as _CAP_LOCK
 from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind
-from mealquest.jobs.outcome import MAX_FAILURE_MESSAGE
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.service import get_jobs
+from mealquest.masking import MAX_FAILURE_MESSAGE
 from mealquest.model.jobs import (
     Attempt,
     ClaimRequest,

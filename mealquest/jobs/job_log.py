@@ -17,8 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from mealquest.clock import to_text, utc_now
-from mealquest.jobs.outcome import bounded_failure_message
-from mealquest.masking import mask_text
+from mealquest.masking import bounded_failure_message, mask_text
 from mealquest.model.jobs import LogLine
 from mealquest.storable import storable_text
 

@@ -3,7 +3,7 @@
 An `Outcome` is decided by the runner from what the handler did (returned a
 result, raised a `Failure`, timed out, ...) and written by it, fenced on
 the attempt's lease. A `Failure`'s message is stored for the household to
-read, so it is bounded here.
+read, so it is bounded (`mealquest.masking.bounded_failure_message`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,7 @@ from dataclasses import dataclass
 
 from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs import enqueueing
-from mealquest.masking import URL_IN_TEXT
 from mealquest.model.jobs import Attempt, Lease, NewJob, Status, Transition
-
-# A `Failure` message is for a person to read in a job's answer: one longer
-# than this (a page's whole text, say) is cut, not stored and served in full.
-MAX_FAILURE_MESSAGE = 2_000
-_CUT = "…"
 
 
 @dataclass(frozen=True)
@@ -74,16 +68,3 @@ def failed(error: str) -> Outcome:
 
 def snoozed(seconds: float) -> Outcome:
     return Outcome(Status.QUEUED, Attempt.REFUND, delay_seconds=seconds, snoozed=True)
-
-
-def bounded_failure_message(message: str) -> str:
-    """`message` cut to `MAX_FAILURE_MESSAGE` characters, never inside a URL:
-    a URL's credentials are masked where jobs are shown only when the URL
-    is whole (a cut one might have lost the `@` that marks them)."""
-    if len(message) <= MAX_FAILURE_MESSAGE:
-        return message
-    end = MAX_FAILURE_MESSAGE - len(_CUT)
-    for url in URL_IN_TEXT.finditer(message, 0, end + 1):
-        if url.end() > end:
-            end = url.start()
-    return message[:end] + _CUT

@@ -25,19 +25,13 @@ from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.outcome import (
-    CANCELLED,
-    Outcome,
-    bounded_failure_message,
-    failed,
-    snoozed,
-)
+from mealquest.jobs.outcome import CANCELLED, Outcome, failed, snoozed
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.runner.metrics import AttemptMetrics
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
-from mealquest.masking import mask
+from mealquest.masking import bounded_failure_message, mask
 from mealquest.model.jobs import (
     MAX_RESULT_BYTES,
     MESSAGE_INTERNAL,
