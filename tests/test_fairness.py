@@ -522,7 +522,7 @@ class _Explaining(PostgresTransaction):
         self.plans: list[str] = []
 
     def execute(self, statement: str, params: Any = ()) -> Any:
-        if statement.startswith("SET ") or "pg_notify" in statement:
+        if statement.startswith(("SET ", "SELECT set_config(")) or "pg_notify" in statement:
             pass
         elif self._store.name == "postgresql":
             self.plans.append(self._explain_prepared(statement, params))
