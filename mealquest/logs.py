@@ -26,7 +26,7 @@ from opentelemetry import trace
 
 from mealquest.masking import mask_text
 
-_CONTEXT_KEYS = ("job_id", "kind", "attempt", "household_id", "count", "trace_id")
+_CONTEXT_KEYS = ("job_id", "kind", "attempt", "claim", "household_id", "count", "trace_id")
 _HANDLER_NAME = "mealquest-stderr"
 FORMATS = ("text", "json")
 

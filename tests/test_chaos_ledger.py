@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.chaos_ledger import LEASE_LOST, Run, completed, fenced_writes, judge, read
+from tests.support.chaos_ledger import (
+    LEASE_LOST,
+    RESCUED,
+    Run,
+    completed,
+    fenced_writes,
+    judge,
+    read,
+    rescued_claims,
+)
 from tests.support.chaos_table import render
 
 JOB = "a" * 32
@@ -66,6 +75,28 @@ def test_a_refused_fenced_write_of_the_earlier_run_explains_it():
     # Another process's refusal is not the earlier run's.
     verdict = judge(twice(), answered={JOB}, kills={}, fenced={(JOB, 20)})
     assert JOB in verdict.unexplained
+
+
+def test_a_rescue_of_the_earlier_runs_claim_explains_it():
+    # Its process outlived the rescue but was killed before its write could
+    # be refused: the rescue of that claim's lease is the proof.
+    verdict = judge(
+        twice(), answered={JOB}, kills={10: 106.0}, fenced=set(), rescued={(JOB, "claim-1")}
+    )
+    assert (verdict.twice_fenced, verdict.unexplained) == ({JOB}, {})
+    # A rescue of another claim of the job (the later one's) is not the earlier run's.
+    verdict = judge(twice(), answered={JOB}, kills={}, fenced=set(), rescued={(JOB, "claim-2")})
+    assert JOB in verdict.unexplained
+
+
+def test_rescues_are_read_from_the_text_log_with_their_claim():
+    log = (
+        f"2026-12-06 09:28:16,355 15661 WARNING mealquest.jobs.runner.rescuer: "
+        f"{RESCUED} [job_id={JOB} claim=744814be81adfda2283aada5a6773df7.19]\n"
+        f"2026-12-06 09:28:16,356 15661 WARNING mealquest.jobs.runner.rescuer: "
+        f"{RESCUED} [job_id={'b' * 32}]\n"
+    )
+    assert rescued_claims([log]) == {(JOB, "744814be81adfda2283aada5a6773df7.19")}
 
 
 def test_runs_of_a_job_no_client_saw_answered_are_counted():

@@ -620,7 +620,7 @@ def test_stop_records_handlers_that_do_not_finish_in_time(jobs, household):
 
 
 def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_write(
-    jobs, store, household
+    jobs, store, household, caplog
 ):
     """The crash test: claim, never finish, rescue with a `now` past the lease."""
 
@@ -633,8 +633,14 @@ def test_rescuer_requeues_or_fails_expired_leases_and_the_old_worker_cannot_writ
     assert rescuer.run_once(now + timedelta(seconds=31)) == Recovered()  # not watched yet
     rescuer.clock.advance(30.0)
     assert rescuer.run_once(now + timedelta(seconds=29)) == Recovered()  # not expired yet
-    recovered = rescuer.run_once(now + timedelta(seconds=31))
+    with caplog.at_level(logging.INFO, logger="mealquest.jobs.runner.rescuer"):
+        recovered = rescuer.run_once(now + timedelta(seconds=31))
     assert recovered == Recovered(requeued=(retried,), failed=(once,))
+    # Each line names the claim whose lease expired (what explains a run
+    # of the job again when that claim's process cannot tell it).
+    assert sorted((r.job_id, r.claim) for r in caplog.records) == sorted(
+        [(retried, "dead-worker"), (once, "dead-worker")]
+    )
     assert (jobs.get(once).status, jobs.get(once).error) == (
         Status.FAILED,
         "interrupted by restart",

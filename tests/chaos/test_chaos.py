@@ -363,6 +363,7 @@ def test_every_answered_job_ends_exactly_once_under_faults(chaos_database, tmp_p
             answered=tally.answered,
             kills=tally.kills,
             fenced=chaos_ledger.fenced_writes(process.log() for process in processes),
+            rescued=chaos_ledger.rescued_claims(process.log() for process in processes),
         )
         unexplained = verdict.unexplained
         table = {

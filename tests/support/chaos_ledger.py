@@ -9,7 +9,13 @@ lease provably lost (SPEC 13.1):
   claim are never explained;
 * and the earlier run's process was killed after that run's start and
   before the later run's start, or the earlier run's fenced outcome write
-  was refused (its process logged that the lease was gone, for that job).
+  was refused (its process logged that the lease was gone, for that job),
+  or the earlier run's claim was rescued: a rescuer logged that the lease
+  of that claim, for that job, had expired and re-queued the job. The
+  database then holds the fence shut on that claim, so its write would be
+  refused; the rescue is the proof when its process was killed before it
+  could try (seen through PgBouncer: an outcome written in vain through two
+  outages for longer than a lease, its process killed before the refusal).
 
 Runs of a job whose enqueue no client saw answered (a key that inserted
 twice) are counted apart: they must be none.
@@ -20,12 +26,15 @@ from __future__ import annotations
 import itertools
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 # The line a process logs when a job's fenced outcome write found the lease gone.
 LEASE_LOST = "job was no longer ours when its outcome was recorded"
+# The line a rescuer logs when it took back a job whose lease had expired.
+RESCUED = "re-queued a job whose lease expired"
+_LOGGED_CLAIM = re.compile(r"\bclaim=(\S+?)[\] ]")
 # The text log format: `DATE TIME PID LEVEL logger: message [job_id=... ...]`.
 _LOGGED_PID = re.compile(r"^\S+ \S+ (\d+) ")
 _LOGGED_JOB = re.compile(r"\bjob_id=([0-9a-f]+)")
@@ -91,12 +100,27 @@ def fenced_writes(logs: Iterable[str]) -> set[tuple[str, int]]:
     return found
 
 
+def rescued_claims(logs: Iterable[str]) -> set[tuple[str, str]]:
+    """(job, claim) of each lease a rescuer found expired and took back, from
+    the processes' text logs."""
+    found = set()
+    for log in logs:
+        for line in log.splitlines():
+            if RESCUED not in line:
+                continue
+            job, claim = _LOGGED_JOB.search(line), _LOGGED_CLAIM.search(line)
+            if job and claim:
+                found.add((job.group(1), claim.group(1)))
+    return found
+
+
 def judge(
     runs: Mapping[str, list[Run]],
     *,
     answered: set[str],
     kills: Mapping[int, float],
     fenced: set[tuple[str, int]],
+    rescued: Collection[tuple[str, str]] = (),
 ) -> Verdict:
     """Why each job ran more than once (see the module); `kills`: when each
     pid the test killed was killed (wall clock)."""
@@ -110,7 +134,7 @@ def judge(
                 verdict.unexplained[job_id] = job_runs
             elif killed_at is not None and earlier.started < killed_at < later.started:
                 verdict.twice_killed.add(job_id)
-            elif (job_id, earlier.pid) in fenced:
+            elif (job_id, earlier.pid) in fenced or (job_id, earlier.claim) in rescued:
                 verdict.twice_fenced.add(job_id)
             else:
                 verdict.unexplained[job_id] = job_runs

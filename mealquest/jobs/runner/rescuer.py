@@ -60,15 +60,25 @@ class Rescuer:
             return Recovered()
         recovered = self.store.write(self.store.jobs.rescue_unrenewed, dead, now=now)
         metrics.rescued(self.store, recovered)
+        # Each line names the claim whose lease expired: the run under it
+        # may still end, and its fenced write will then be refused; a run
+        # of the job again is explained by this line alone.
+        claims = {entry.lease.job_id: entry.lease.owner for entry in dead}
         for job_id in recovered.requeued:
-            logger.warning("re-queued a job whose lease expired", extra={"job_id": job_id})
+            logger.warning(
+                "re-queued a job whose lease expired",
+                extra={"job_id": job_id, "claim": claims.get(job_id)},
+            )
         for job_id in recovered.failed:
             logger.error(
                 "failed a job whose lease expired: interrupted by restart",
-                extra={"job_id": job_id},
+                extra={"job_id": job_id, "claim": claims.get(job_id)},
             )
         for job_id in recovered.cancelled:
-            logger.info("cancelled a job whose lease expired", extra={"job_id": job_id})
+            logger.info(
+                "cancelled a job whose lease expired",
+                extra={"job_id": job_id, "claim": claims.get(job_id)},
+            )
         return recovered
 
     def _watch(self, held: list[HeldLease], keep: set[Lease]) -> list[HeldLease]:
