@@ -1,11 +1,15 @@
 """Reading ingredient lines, and merging a week's recipes into one shopping list.
 
 Each line is read by ingredient-parser-nlp (a model trained on labelled
-recipe lines: quantity, unit, food), and its quantity by pint: lines of the
-same food are summed where their units convert, by mass (grams) or by volume
-(millilitres), and counted where they have no unit (eggs); the rest (a
-pinch, three cloves, "salt to taste") is listed as written. Each item names
-the recipes it came from.
+recipe lines: quantity, unit, food), and its quantity by pint. A list has one
+row per food. Its lines are summed by kind of amount: masses, volumes, and
+counts (eggs). A sum keeps the unit its lines share (2 tsp and 1 tsp are 3
+tsp); lines of one kind in different units are converted to the unit most
+of them used. A food measured both ways keeps both ("300 g + 1½ cups
+flour"). What no unit sums (a pinch, three cloves, "salt to taste") is
+listed as written, on its food's row when it has one. Each row names the
+recipes it came from; how amounts and foods are written is
+`mealquest.recipes.kitchen`'s.
 
 The parser's model needs NLTK's English part-of-speech tagger. A deployment
 that downloaded NLTK's data has it; otherwise the copy shipped beside this
@@ -27,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pint
+
+from mealquest.recipes import kitchen
 
 logger = logging.getLogger(__name__)
 
@@ -57,33 +63,63 @@ _METRIC = frozenset(("gram", "kilogram", "milligram", "milliliter", "liter", "ce
 _SPACES = re.compile(r"\s+")
 
 
+# The kinds of amount a list sums, each apart from the others.
+MASS, VOLUME, COUNT = "mass", "volume", "count"
+# The units pint converts each kind to, to test that a line's unit is of it.
+_BASES = {MASS: "gram", VOLUME: "milliliter"}
+
+
 @dataclass(frozen=True)
 class Reading:
-    """One line as read: its food (None: none found), and its amount in grams,
-    millilitres or a count (`unit` "g", "ml" or None), or no amount to sum."""
+    """One line as read: its food (None: none found), and its amount in the
+    unit it was written in (`unit` as a cook names it, None for a count; its
+    kind, and pint's unit to convert it), or no amount to sum."""
 
     text: str
     food: str | None
     quantity: float | None = None
     unit: str | None = None
     summable: bool = False
+    kind: str | None = None
+    pint_unit: Any = None
+
+
+@dataclass(frozen=True)
+class Amount:
+    """One kind of amount of a row: a quantity, in `unit` (None: a count)."""
+
+    quantity: float
+    unit: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"quantity": self.quantity, "unit": self.unit}
 
 
 @dataclass
 class Item:
-    """One line of the shopping list."""
+    """One row of the shopping list: a food, its amounts (the kind most of its
+    lines used first; none when every line is listed as written), and the
+    recipes it came from."""
 
     food: str
-    quantity: float | None
-    unit: str | None
+    amounts: list[Amount]
     text: str
     sources: list[str] = field(default_factory=list)
+
+    @property
+    def quantity(self) -> float | None:
+        return self.amounts[0].quantity if self.amounts else None
+
+    @property
+    def unit(self) -> str | None:
+        return self.amounts[0].unit if self.amounts else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "food": self.food,
             "quantity": self.quantity,
             "unit": self.unit,
+            "amounts": [amount.as_dict() for amount in self.amounts],
             "text": self.text,
             "from": list(self.sources),
         }
@@ -172,38 +208,38 @@ def _amount(text: str, food: str | None, amounts: list[Any]) -> Reading:
     unit = first.unit
     if isinstance(unit, str):
         if unit == "":
-            return _bounded(Reading(text, food, value, None, summable=True))
+            return _bounded(Reading(text, food, value, None, True, COUNT), value)
         return Reading(text, food)  # a pinch, three cloves: as written
-    for target, name in (("gram", "g"), ("milliliter", "ml")):
+    for kind, base in _BASES.items():
         try:
-            converted = (value * unit).to(target).magnitude
+            in_base = float((value * unit).to(base).magnitude)
         except pint.errors.PintError:  # another dimension (a mass is no volume)
             continue
-        return _bounded(Reading(text, food, float(converted), name, summable=True))
+        name = kitchen.unit_name(str(unit))
+        return _bounded(Reading(text, food, value, name, True, kind, unit), in_base)
     return Reading(text, food)
 
 
-def _bounded(reading: Reading) -> Reading:
-    """`reading`, or the line as written if its amount is not a finite one to shop for."""
+def _bounded(reading: Reading, in_base: float) -> Reading:
+    """`reading`, or the line as written if its amount (`in_base`: in grams,
+    millilitres or a count) is not a finite one to shop for."""
     quantity = reading.quantity
-    if quantity is None or (math.isfinite(quantity) and 0 <= quantity <= MAX_QUANTITY):
+    if (
+        quantity is not None
+        and math.isfinite(quantity)
+        and math.isfinite(in_base)
+        and 0 <= in_base <= MAX_QUANTITY
+    ):
         return reading
     return Reading(reading.text, reading.food)
 
 
-def _key(food: str) -> str:
-    """The food as lines of it are grouped: "eggs" and "egg" together."""
-    if len(food) > 3 and food.endswith("s") and not food.endswith("ss"):
-        return food[:-1]
-    return food
-
-
 def merge(recipes: Iterable[tuple[str, Sequence[str]]]) -> list[Item]:
-    """One list from `(title, ingredient lines)` of each recipe: the lines of
-    one food summed in each unit they convert to (see the module), the rest
-    listed as written; in the order foods first appear."""
-    items: dict[tuple[str, str | None], Item] = {}
-    written: list[Item] = []
+    """One list from `(title, ingredient lines)` of each recipe: a row per
+    food, in the order foods first appear (see the module), then the lines
+    whose food could not be told, as written."""
+    rows: dict[str, _Row] = {}
+    unread: list[Item] = []
     read = 0
     for title, lines in recipes:
         for line in lines:
@@ -213,24 +249,63 @@ def merge(recipes: Iterable[tuple[str, Sequence[str]]]) -> list[Item]:
             reading = read_line(line)
             if not reading.text:
                 continue
-            if reading.food is None or not reading.summable or reading.quantity is None:
-                written.append(
-                    Item(reading.food or reading.text, None, None, reading.text, [title])
-                )
+            if reading.food is None:
+                unread.append(Item(reading.text, [], reading.text, [title]))
                 continue
-            key = (_key(reading.food), reading.unit)
-            item = items.get(key)
-            if item is None:
-                items[key] = Item(reading.food, reading.quantity, reading.unit, "", [title])
-            else:
-                item.quantity = (item.quantity or 0.0) + reading.quantity
-                if title not in item.sources:
-                    item.sources.append(title)
-    summed = list(items.values())
-    for item in summed:
-        quantity = item.quantity or 0.0
-        # Whole grams and millilitres; hundredths below ten (a quarter onion).
-        item.quantity = float(round(quantity)) if quantity >= 10 else round(quantity, 2)
-        amount = f"{item.quantity:g}"
-        item.text = f"{amount} {item.unit} {item.food}" if item.unit else f"{amount} {item.food}"
-    return summed + written
+            key = kitchen.singular(reading.food)
+            row = rows.setdefault(key, _Row(reading.food))
+            row.add(reading, title)
+    return [row.item() for row in rows.values()] + unread
+
+
+@dataclass
+class _Row:
+    """The lines of one food while a list is merged."""
+
+    food: str
+    summed: dict[str, list[Reading]] = field(default_factory=dict)
+    written: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    def add(self, reading: Reading, title: str) -> None:
+        if reading.summable and reading.kind is not None:
+            self.summed.setdefault(reading.kind, []).append(reading)
+        elif reading.text not in self.written:
+            self.written.append(reading.text)
+        if title not in self.sources:
+            self.sources.append(title)
+
+    def item(self) -> Item:
+        # The kind most lines used first; a count last in the text, where
+        # its food reads as its noun ("300 g + 2 onions").
+        kinds = sorted(self.summed, key=lambda kind: -len(self.summed[kind]))
+        amounts = [_sum(self.summed[kind]) for kind in kinds]
+        food = self.food
+        count = next((a for kind, a in zip(kinds, amounts, strict=True) if kind == COUNT), None)
+        if count is not None:
+            food = kitchen.plural(food) if count.quantity > 1 else kitchen.singular(food)
+        ordered = sorted(amounts, key=lambda amount: amount.unit is None)
+        parts = [kitchen.amount_text(amount.quantity, amount.unit) for amount in ordered]
+        text = f"{' + '.join(parts)} {food}" if parts else "; ".join(self.written)
+        if parts and self.written:
+            text += f" (also: {'; '.join(self.written)})"
+        return Item(food, amounts, text, list(self.sources))
+
+
+def _sum(readings: list[Reading]) -> Amount:
+    """The readings of one kind summed: in the unit they share, or else in
+    the unit most of them used (the first such, on a tie), converted; then
+    rounded as a kitchen rounds."""
+    units = [reading.unit for reading in readings]
+    unit = max(dict.fromkeys(units), key=units.count)
+    if all(reading.unit == unit for reading in readings):
+        total = sum(reading.quantity or 0.0 for reading in readings)
+    else:
+        target = next(reading.pint_unit for reading in readings if reading.unit == unit)
+        total = sum(
+            float(((reading.quantity or 0.0) * reading.pint_unit).to(target).magnitude)
+            for reading in readings
+        )
+    if unit is not None:
+        total, unit = kitchen.larger_unit(total, unit)
+    return Amount(kitchen.rounded(total, unit), unit)

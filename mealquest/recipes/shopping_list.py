@@ -3,9 +3,10 @@
 It runs as the callback of a batch of recipe imports (`POST
 /api/v1/recipe-imports/batch` with `"shopping_list": true`): once every
 import is final, it reads the recipes of those that succeeded and merges
-their ingredient lines (`mealquest.recipes.ingredients`). Members that did
-not succeed are named in `skipped`; with none succeeded there is no list,
-and the job fails with a message the household may read.
+their ingredient lines (`mealquest.recipes.ingredients`): one row per food,
+in the units a cook uses. Members that did not succeed are named in
+`skipped`, each with the URL it was to import; with none succeeded there is
+no list, and the job fails with a message the household may read.
 
 Reading the lines is CPU work (a model per line, about 2 ms, and a third of
 a second to load it once per process) whose cost a stranger's line can
@@ -50,22 +51,51 @@ class ShoppingListPayloadSchema(Schema):
     """Nothing: the list is made from the batch it completes."""
 
 
+class AmountSchema(Schema):
+    quantity = fields.Float(required=True)
+    unit = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={"description": 'as a cook writes it ("g", "tsp", "cup", "oz"), or null: a count'},
+    )
+
+
 class ShoppingItemSchema(Schema):
     food = fields.String(required=True)
     quantity = fields.Float(
-        required=True, allow_none=True, metadata={"description": "null: listed as written"}
+        required=True,
+        allow_none=True,
+        metadata={"description": "the first of `amounts`; null: listed as written"},
     )
     unit = fields.String(
         required=True,
         allow_none=True,
-        metadata={"description": '"g", "ml", or null (a count, or listed as written)'},
+        metadata={"description": "the first of `amounts`' unit (null: a count, or as written)"},
     )
-    text = fields.String(required=True)
+    amounts = fields.List(
+        fields.Nested(AmountSchema),
+        required=True,
+        metadata={
+            "description": "one sum per kind of amount (mass, volume, count), the kind most "
+            "of the food's lines used first; empty when every line is listed as written"
+        },
+    )
+    text = fields.String(
+        required=True,
+        metadata={"description": 'the row as a cook reads it: "300 g + 1½ cups flour"'},
+    )
     from_ = fields.List(
         fields.String(),
         required=True,
         data_key="from",
         metadata={"description": "the titles of the recipes it came from"},
+    )
+
+
+class SkippedSchema(Schema):
+    job_id = fields.String(required=True)
+    url = fields.String(
+        required=True, allow_none=True, metadata={"description": "the page it was to import"}
     )
 
 
@@ -75,9 +105,9 @@ class ShoppingListSchema(Schema):
     )
     items = fields.List(fields.Nested(ShoppingItemSchema), required=True)
     skipped = fields.List(
-        fields.String(),
+        fields.Nested(SkippedSchema),
         required=True,
-        metadata={"description": "the batch's jobs that did not succeed"},
+        metadata={"description": "the batch's imports that did not succeed"},
     )
 
 
@@ -85,7 +115,7 @@ def make_list(payload: dict[str, Any], ctx: JobContext, *, seconds: float) -> di
     outcome = ctx.batch()
     if outcome is None:
         raise Failure(NOT_A_BATCH)
-    skipped = [*outcome.failed, *outcome.cancelled]
+    skipped = _skipped(ctx, [*outcome.failed, *outcome.cancelled])
     recipes = ctx.store.read(
         ctx.store.recipes.recipes_of_jobs, ctx.household_id, list(outcome.succeeded)
     )
@@ -105,6 +135,21 @@ def make_list(payload: dict[str, Any], ctx: JobContext, *, seconds: float) -> di
     if len(json.dumps(result)) > MAX_RESULT_BYTES:
         raise Failure(TOO_LONG)
     return result
+
+
+def _skipped(ctx: JobContext, job_ids: list[str]) -> list[dict[str, Any]]:
+    """Each member that did not succeed, with the URL it was to import (read
+    from its payload, in one read; None for a job gone meanwhile)."""
+
+    def read(conn: Any) -> list[dict[str, Any]]:
+        skipped = []
+        for job_id in job_ids:
+            job = ctx.store.jobs.get_job(conn, job_id, ctx.household_id)
+            url = json.loads(job.payload).get("url") if job is not None else None
+            skipped.append({"job_id": job_id, "url": url if isinstance(url, str) else None})
+        return skipped
+
+    return ctx.store.read(read) if job_ids else []
 
 
 def init_app(app: Flask) -> None:
