@@ -320,8 +320,8 @@ def test_a_jobs_page_shows_the_lines_its_handler_logged_masked(site, browser, jo
     )
     wait_until(lambda: final_jobs(site.store, [talked]), 60, "the job did not end")
     browser.get(f"{site.url}/admin/jobs/{talked}")
-    wait(browser, lambda: text_of(browser, "log"), "the job's log did not show")
-    log = text_of(browser, "log")
+    wait(browser, lambda: text_of(browser, "attempt-1"), "the job's story did not show")
+    log = text_of(browser, "attempt-1")
     assert "attempt 1 says: fetched https://recipes.example/soup?token=***" in log
     assert "line 2" in log
     assert SECRET not in browser.page_source

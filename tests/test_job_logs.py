@@ -54,6 +54,7 @@ def test_each_attempts_lines_are_kept_masked_and_shown_to_operators_only(
         (1, 1, "INFO"),
         (1, 2, "WARNING"),
         (1, 3, "WARNING"),
+        (1, 4, "WARNING"),  # how the attempt ended, the runner's line
         (2, 1, "INFO"),
         (2, 2, "WARNING"),
         (2, 3, "WARNING"),
@@ -68,15 +69,51 @@ def test_each_attempts_lines_are_kept_masked_and_shown_to_operators_only(
 
     # `flask jobs show` does.
     shown = json.loads(runner.invoke(args=["jobs", "show", job_id]).output)
-    assert [x["message"] for x in shown["log"]][3] == lines[3].message
+    assert [x["message"] for x in shown["log"]][4] == lines[4].message
 
     # And the dashboard's job page.
     operator = create_operator(store, "Ada")
     client, _ = signed_in(app, operator.token)
     page = client.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
-    assert 'id="log"' in page
+    assert 'id="story"' in page
     assert "attempt 2 says: fetched https://api.example/recipes?token=***" in page
     assert SECRET not in page
+
+
+def test_the_job_page_tells_the_story_of_each_attempt_and_how_the_job_ended(app, household, store):
+    # Attempt 1 fails and is retried, attempt 2 succeeds; another job fails for good.
+    job_id, job = run(app, household, lines=1, text="hello", fail_first=True)
+    assert (job.status, job.attempt) == (Status.SUCCEEDED, 2)
+    failing = get_jobs(app).enqueue(
+        "fail_with_failure",
+        {"message": "the page was not found (HTTP 404)"},
+        household_id=household.household_id,
+    )
+    wait_for(lambda: get_jobs(app).get(failing).status is Status.FAILED)
+    lines = get_jobs(app).log_lines(job_id)
+    ending = [x for x in lines if x.attempt == 1][-1]
+    assert ending.message.startswith("attempt 1 failed: internal error; retried in ")
+    # A success adds no line of its own.
+    assert [x.message for x in lines if x.attempt == 2] == ["attempt 2 says: hello"]
+
+    operator = create_operator(store, "Ada")
+    client, _ = signed_in(app, operator.token)
+    page = client.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
+    story = page[page.index('id="story"') : page.index("</ol>")]
+    assert (
+        story.index('id="attempt-1"')
+        < story.index("attempt 1 failed")
+        < story.index('id="attempt-2"')
+    )
+    assert 'id="ended"' in story
+    assert "Ended succeeded" in story
+    # The row's columns are folded away.
+    assert '<details id="columns">' in page
+
+    page = client.get(f"/admin/jobs/{failing}").get_data(as_text=True)
+    story = page[page.index('id="story"') : page.index("</ol>")]
+    assert "attempt 1 failed: the page was not found (HTTP 404)" in story
+    assert 'id="ended-error">the page was not found (HTTP 404)<' in story
 
 
 def test_an_attempts_lines_are_bounded_and_say_how_many_were_not_kept(app, household):
@@ -127,3 +164,17 @@ def test_a_handlers_lines_and_the_services_lines_mask_alike(app, household, text
         for secret in ("hunter2", "Zm9vYmFy", "DEF-123"):
             assert secret not in shown
         assert masked in shown
+
+
+def test_the_job_page_links_a_member_and_a_callback_to_their_batch(app, household, store):
+    from mealquest.jobs import JobRequest
+
+    member = JobRequest("succeed", {"value": 1}, household.household_id)
+    batched = get_jobs(app).enqueue_batch([member], on_complete=member)
+    wait_for(lambda: get_jobs(app).get(batched.callback_job_id).status is Status.SUCCEEDED)
+    operator = create_operator(store, "Ada")
+    client, _ = signed_in(app, operator.token)
+    page = client.get(f"/admin/jobs/{batched.job_ids[0]}").get_data(as_text=True)
+    assert f'href="/admin/batches/{batched.batch_id}" id="member-of"' in page
+    page = client.get(f"/admin/jobs/{batched.callback_job_id}").get_data(as_text=True)
+    assert f'href="/admin/batches/{batched.batch_id}" id="callback-of"' in page

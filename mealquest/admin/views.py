@@ -29,7 +29,7 @@ from flask.typing import ResponseReturnValue
 from flask_wtf.csrf import CSRFError
 
 from mealquest import audit
-from mealquest.admin import actions
+from mealquest.admin import actions, job_story
 from mealquest.admin.charts import lay_out
 from mealquest.admin.guard import (
     SESSION_ID_KEY,
@@ -190,10 +190,7 @@ def job(job_id: str) -> ResponseReturnValue:
         payload=_pretty(mask(_decoded(found.payload))),
         result=_pretty(mask(found.result)) if found.result is not None else None,
         error=mask(found.error) if found.error else None,
-        log=[
-            (line.attempt, line.logged_at, line.level, mask(line.message))
-            for line in get_jobs().log_lines(found.id)
-        ],
+        story=job_story.story(get_store(), found, get_jobs().log_lines(found.id)),
         waiting=why_waiting(get_store(), get_jobs().registry, found),
         trace_id=get_jobs().trace_id(found.id),
         retryable=found.status in ("failed", "cancelled"),

@@ -59,6 +59,18 @@ class JobLog:
         )
         return [*self._lines, self._line("WARNING", note)]
 
+    def ending(self, level: str, text: str) -> LogLine:
+        """The attempt's last line, saying how it ended: numbered after every
+        line kept (and the note of those not), outside their bounds."""
+        number = len(self._lines) + (2 if self._dropped else 1)
+        return LogLine(
+            self.attempt,
+            number,
+            level,
+            mask_text(storable_text(bounded_failure_message(text))),
+            to_text(utc_now()),
+        )
+
     def _keep(self, level: str, message: str, args: tuple[Any, ...]) -> None:
         try:
             text = str(message) % args if args else str(message)

@@ -29,6 +29,9 @@ class Outcome:
     # Jobs the handler enqueued (`JobContext.enqueue`): inserted only with a
     # success, in the same transaction, and only if the fence matched.
     follow_ups: tuple[NewJob, ...] = ()
+    # Why an attempt retried ended so, for the operators' story of the job
+    # (its log), never stored on the row: a queued job shows no error.
+    reason: str | None = None
 
     def transition(self, lease: Lease) -> Transition:
         """The fenced state change this outcome writes for `lease`."""

@@ -213,6 +213,8 @@ class Executor:
         elif outcome.to is Status.SUCCEEDED and entry.context and entry.context.follow_ups:
             outcome = replace(outcome, follow_ups=tuple(entry.context.follow_ups))
         entry.recording = True
+        if outcome.to is not Status.SUCCEEDED:
+            self._keep_ending(entry, outcome)
         if not self.record(entry.lease, outcome, extra):
             return "lease lost"
         self.attempt_metrics.attempt_recorded(entry, outcome)
@@ -248,6 +250,24 @@ class Executor:
         except Exception as error:
             logger.warning(
                 "could not keep the job's log lines (%s)", type(error).__name__, extra=entry.extra
+            )
+
+    def _keep_ending(self, entry: Running, outcome: Outcome) -> None:
+        """A last line in the attempt's log saying how it ended, when it did
+        not succeed: the dashboard tells a job's story by its attempts' lines.
+        A success writes none (its row says it, and the drain pays nothing).
+        Never fails the attempt: the line is for operators."""
+        context = entry.context
+        if context is None:
+            return
+        level, text = _ending(entry.job.attempt, outcome)
+        try:
+            context.write(
+                self.store.jobs.add_log_lines, entry.job.id, [context.log.ending(level, text)]
+            )
+        except Exception as error:
+            logger.warning(
+                "could not keep how the attempt ended (%s)", type(error).__name__, extra=entry.extra
             )
 
     def _earlier_attempts_ended(self, entry: Running) -> bool:
@@ -401,5 +421,26 @@ class Executor:
     def _retry_or_fail(job: Job, kind: Kind, message: str) -> Outcome:
         if job.attempt < job.max_attempts:
             delay = kind.options.backoff.delay(job.attempt)
-            return Outcome(Status.QUEUED, delay_seconds=delay)
+            return Outcome(Status.QUEUED, delay_seconds=delay, reason=message)
         return failed(message)
+
+
+def _ending(attempt: int, outcome: Outcome) -> tuple[str, str]:
+    """The level and words of an attempt's last log line, for an outcome other
+    than success (the failure's message is the household's own, safe to show)."""
+    if outcome.to is Status.CANCELLED:
+        return "WARNING", f"attempt {attempt} ended: the job was cancelled"
+    if outcome.snoozed:
+        return (
+            "INFO",
+            f"attempt {attempt} snoozed for {outcome.delay_seconds or 0:g} s (not counted)",
+        )
+    if outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
+        why = f": {outcome.reason}" if outcome.reason else ""
+        return (
+            "WARNING",
+            f"attempt {attempt} failed{why}; retried in {outcome.delay_seconds or 0:g} s",
+        )
+    if outcome.to is Status.QUEUED:
+        return "WARNING", f"attempt {attempt} put back (not counted)"
+    return "ERROR", f"attempt {attempt} failed: {outcome.error or 'no message'}"
