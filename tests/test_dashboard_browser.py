@@ -3,13 +3,12 @@
 the overview, filter the jobs list, open a job, retry a failed job and watch
 it run again without a reload, cancel a running job, sign out. One browser
 and one server for the module; each step saves a screenshot of its page
-under the test's temp directory (and under `MQ_SCREENSHOT_DIR` when set, to
-refresh the docs' pictures, docs/*.png)."""
+under the test's temp directory (the docs' pictures come from a realistic
+deployment instead: tests/test_docs_screenshots.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -117,8 +116,6 @@ def jobs(site):
 def screenshot(browser, tmp_path, name):
     path = tmp_path / f"{name}.png"
     assert browser.save_screenshot(str(path))
-    if os.environ.get("MQ_SCREENSHOT_DIR"):
-        shutil.copy(path, Path(os.environ["MQ_SCREENSHOT_DIR"]) / f"{name}.png")
     return path
 
 

@@ -5,15 +5,14 @@ retry of one kind's failed jobs from the jobs list, the audit page showing
 it, and a household suspended (its token answers 403, its queued job waits
 while another household's runs) and then erased (its rows gone, the other
 household's untouched). One browser for the module, one server per
-database; screenshots go under the test's temp directory, and under
-`MQ_SCREENSHOT_DIR` when set (the docs' pictures come from there)."""
+database; screenshots go under the test's temp directory (the docs' pictures
+come from a realistic deployment: tests/test_docs_screenshots.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-import shutil
 import uuid
 from pathlib import Path
 
@@ -117,14 +116,12 @@ def browser():
 
 
 def screenshot(site, target, tmp_path, name):
-    """A page's (or an element's) picture; the docs' come from SQLite's run."""
+    """A page's (or an element's) picture, kept with the test's files."""
     path = tmp_path / f"{name}.png"
     if isinstance(target, WebElement):
         assert target.screenshot(str(path))
     else:
         assert target.save_screenshot(str(path))
-    if os.environ.get("MQ_SCREENSHOT_DIR") and site.name == "sqlite":
-        shutil.copy(path, Path(os.environ["MQ_SCREENSHOT_DIR"]) / f"{name}.png")
     return path
 
 
