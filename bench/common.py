@@ -50,6 +50,7 @@ class Sizes:
     http_connections: int
     lock_seconds: float
     pg_jobs: int  # jobs per PostgreSQL throughput run
+    pg_backlog_jobs: int  # jobs of the PostgreSQL drain whose cost must not grow with them
     fair_jobs: int  # queued jobs, between 1,000 households or held by one, for the fair claim
     fair_a_jobs: int  # household A's jobs ahead of B's one in the B-behind-A delay
     wal_jobs: int  # single-job enqueues whose WAL frames are counted
@@ -69,6 +70,7 @@ FULL = Sizes(
     http_connections=32,
     lock_seconds=2.0,
     pg_jobs=2_000,
+    pg_backlog_jobs=16_000,
     fair_jobs=20_000,
     fair_a_jobs=100,
     wal_jobs=1_000,
@@ -88,6 +90,7 @@ QUICK = Sizes(
     http_connections=4,
     lock_seconds=0.3,
     pg_jobs=100,
+    pg_backlog_jobs=800,
     fair_jobs=2_000,
     fair_a_jobs=15,
     wal_jobs=50,
