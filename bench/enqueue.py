@@ -66,7 +66,7 @@ def serve_and_enqueue(
     """Requests/s and p99 of concurrent HTTP enqueues, and of the trivial route on the
     same gunicorn, the two loaded in alternating rounds."""
     db, household = fresh_database(workdir, "http-enqueue.sqlite3")
-    token, _ = _seed(db, household)
+    token, _, _ = _seed(db, household)
     port = free_port()
     server_log = workdir / "gunicorn-enqueue.log"
     env = {

@@ -92,7 +92,8 @@ def test_the_job_page_tells_the_story_of_each_attempt_and_how_the_job_ended(app,
     wait_for(lambda: get_jobs(app).get(failing).status is Status.FAILED)
     lines = get_jobs(app).log_lines(job_id)
     ending = [x for x in lines if x.attempt == 1][-1]
-    assert ending.message.startswith("attempt 1 failed: internal error; retried in ")
+    retried = "attempt 1 failed: RuntimeError: first attempt fails; retried in "
+    assert ending.message.startswith(retried)
     # A success adds no line of its own.
     assert [x.message for x in lines if x.attempt == 2] == ["attempt 2 says: hello"]
 

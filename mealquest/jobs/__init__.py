@@ -15,12 +15,15 @@ from mealquest.jobs.authoring import enqueue, enqueue_batch, enqueue_many, regis
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import RegistrationError, TooManyJobs, UnknownKind
+from mealquest.jobs.options import EnqueueOptions, FollowUpOptions
 from mealquest.jobs.registry import Backoff, KindOptions
 from mealquest.model.jobs import Failure, OnInterrupt, Snooze
 
 __all__ = [
     "Backoff",
+    "EnqueueOptions",
     "Failure",
+    "FollowUpOptions",
     "JobContext",
     "JobRequest",
     "KindOptions",

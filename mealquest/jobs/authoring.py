@@ -9,17 +9,16 @@ and raise is the service's (`JobService.enqueue`, `Registry.register`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from flask import Flask
 from marshmallow import Schema
 
 from mealquest.db.driver import Transaction
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
+from mealquest.jobs.options import EnqueueOptions
 from mealquest.jobs.registry import Handler, Kind, KindOptions
 from mealquest.jobs.service import Batched, get_jobs
-from mealquest.model.jobs import DEFAULT_PRIORITY
 
 
 def register(
@@ -55,11 +54,7 @@ def enqueue(
     *,
     household_id: int,
     tx: Transaction | None = None,
-    run_at: datetime | None = None,
-    delay: float | None = None,
-    priority: int = DEFAULT_PRIORITY,
-    unique_key: str | None = None,
-    depends_on: Sequence[str] = (),
+    **options: Unpack[EnqueueOptions],
 ) -> str:
     """Store a queued job of `kind` for the household; answers its id.
 
@@ -71,17 +66,7 @@ def enqueue(
     a handler, use `ctx.enqueue`: its follow-up is written only if the
     attempt succeeds.
     """
-    return get_jobs().enqueue(
-        kind,
-        payload,
-        household_id=household_id,
-        tx=tx,
-        run_at=run_at,
-        delay=delay,
-        priority=priority,
-        unique_key=unique_key,
-        depends_on=depends_on,
-    )
+    return get_jobs().enqueue(kind, payload, household_id=household_id, tx=tx, **options)
 
 
 def enqueue_many(

@@ -8,14 +8,14 @@ whether one of its writes found the lease gone).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import LeaseLost, ResultTooLarge
 from mealquest.jobs.job_log import JobLog
+from mealquest.jobs.options import FollowUpOptions
 from mealquest.model.batches import BatchOutcome
-from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_RESULT_BYTES, Job, Lease, NewJob
+from mealquest.model.jobs import MAX_RESULT_BYTES, Job, Lease, NewJob
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -97,11 +97,7 @@ class JobContext:
         self,
         kind_name: str,
         payload: Mapping[str, Any],
-        *,
-        run_at: datetime | None = None,
-        delay: float | None = None,
-        priority: int = DEFAULT_PRIORITY,
-        unique_key: str | None = None,
+        **options: Unpack[FollowUpOptions],
     ) -> str:
         """Enqueue a follow-up job for this job's household, fenced on this job's lease.
 
@@ -117,15 +113,7 @@ class JobContext:
         chaining, not a household's request: the household's quota does not
         refuse them (a handler that fans out bounds its own fan-out).
         """
-        job = self._prepare(
-            kind_name,
-            payload,
-            household_id=self.household_id,
-            run_at=run_at,
-            delay=delay,
-            priority=priority,
-            unique_key=unique_key,
-        )
+        job = self._prepare(kind_name, payload, household_id=self.household_id, **options)
         self.follow_ups.append(job)
         return job.job_id
 

@@ -17,13 +17,14 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 
 from marshmallow import ValidationError
 
 from mealquest import tracing
 from mealquest.db.driver import JobStatements, Transaction
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
+from mealquest.jobs.options import EnqueueOptions
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.model.batches import MAX_BATCH_JOBS
 from mealquest.model.jobs import (
@@ -98,18 +99,12 @@ def prepare(
     payload: Mapping[str, Any],
     *,
     household_id: int,
-    run_at: datetime | None = None,
-    delay: float | None = None,
-    priority: int = DEFAULT_PRIORITY,
-    unique_key: str | None = None,
-    depends_on: Sequence[str] = (),
+    **options: Unpack[EnqueueOptions],
 ) -> NewJob:
     """Validate one job request; raises UnknownKind, or ValidationError naming
     each bad field (the payload's own fields as the kind's schema names them).
     Whether the jobs of `depends_on` exist is the insert's to check."""
-    request = JobRequest(
-        kind_name, payload, household_id, run_at, delay, priority, unique_key, depends_on
-    )
+    request = JobRequest(kind_name, payload, household_id, **options)
     kind = _kind(registry, kind_name)
     errors = _option_errors(request)
     if errors:

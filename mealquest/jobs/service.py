@@ -9,8 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import gevent
 from flask import Flask, current_app
@@ -30,12 +29,13 @@ from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing, quota, retention
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
 from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted, TooManyJobs
+from mealquest.jobs.options import EnqueueOptions
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.model.batches import MAX_BATCH_JOBS, Batch, NewBatch
 from mealquest.model.households import Household
-from mealquest.model.jobs import DEFAULT_PRIORITY, Job, LogLine, NewJob, Status
+from mealquest.model.jobs import Job, LogLine, NewJob, Status
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +96,8 @@ class JobService:
         *,
         household_id: int,
         tx: Transaction | None = None,
-        run_at: datetime | None = None,
-        delay: float | None = None,
-        priority: int = DEFAULT_PRIORITY,
-        unique_key: str | None = None,
         within_quota: bool = True,
-        depends_on: Sequence[str] = (),
+        **options: Unpack[EnqueueOptions],
     ) -> str:
         """Validate `payload` for the kind and store a queued job; returns its id
         (with `unique_key`, the id of the job the key names, new or not: see
@@ -130,12 +126,8 @@ class JobService:
             payload,
             household_id=household_id,
             tx=tx,
-            run_at=run_at,
-            delay=delay,
-            priority=priority,
-            unique_key=unique_key,
             within_quota=within_quota,
-            depends_on=depends_on,
+            **options,
         ).job_id
 
     def insert(
@@ -145,12 +137,8 @@ class JobService:
         *,
         household_id: int,
         tx: Transaction | None = None,
-        run_at: datetime | None = None,
-        delay: float | None = None,
-        priority: int = DEFAULT_PRIORITY,
-        unique_key: str | None = None,
         within_quota: bool = True,
-        depends_on: Sequence[str] = (),
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """`enqueue`, saying whether a job was made.
 
@@ -163,15 +151,7 @@ class JobService:
         name a new job.
         """
         job = enqueueing.prepare(
-            self.registry,
-            kind_name,
-            payload,
-            household_id=household_id,
-            run_at=run_at,
-            delay=delay,
-            priority=priority,
-            unique_key=unique_key,
-            depends_on=depends_on,
+            self.registry, kind_name, payload, household_id=household_id, **options
         )
         try:
             return self._write([job], tx, within_quota=within_quota)[0]

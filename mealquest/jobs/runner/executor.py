@@ -406,7 +406,12 @@ class Executor:
             logger.warning("job attempt failed (%s)", type(error).__name__, extra=extra)
         else:
             logger.error("job failed", exc_info=error, extra=extra)
-        return self._retry_or_fail(job, kind, MESSAGE_INTERNAL)
+        outcome = self._retry_or_fail(job, kind, MESSAGE_INTERNAL)
+        if outcome.to is Status.QUEUED:
+            # For the operators' story of the job (its log, masked), not the
+            # household's: what the handler raised, since it was retried.
+            outcome = replace(outcome, reason=f"{type(error).__name__}: {error}")
+        return outcome
 
     def _snooze(self, job: Job, snooze: Snooze, extra: dict[str, Any]) -> Outcome:
         """Back to the queue in `snooze.seconds`, the attempt not spent; a
@@ -431,16 +436,17 @@ def _ending(attempt: int, outcome: Outcome) -> tuple[str, str]:
     if outcome.to is Status.CANCELLED:
         return "WARNING", f"attempt {attempt} ended: the job was cancelled"
     if outcome.snoozed:
-        return (
-            "INFO",
-            f"attempt {attempt} snoozed for {outcome.delay_seconds or 0:g} s (not counted)",
-        )
+        delay = _seconds(outcome.delay_seconds or 0.0)
+        return "INFO", f"attempt {attempt} snoozed for {delay} s (not counted)"
     if outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
         why = f": {outcome.reason}" if outcome.reason else ""
-        return (
-            "WARNING",
-            f"attempt {attempt} failed{why}; retried in {outcome.delay_seconds or 0:g} s",
-        )
+        delay = _seconds(outcome.delay_seconds or 0.0)
+        return "WARNING", f"attempt {attempt} failed{why}; retried in {delay} s"
     if outcome.to is Status.QUEUED:
         return "WARNING", f"attempt {attempt} put back (not counted)"
     return "ERROR", f"attempt {attempt} failed: {outcome.error or 'no message'}"
+
+
+def _seconds(seconds: float) -> str:
+    """A delay as a person reads it: two significant figures (0.01, 4, 120)."""
+    return f"{float(f'{seconds:.2g}'):g}"
