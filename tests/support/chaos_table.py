@@ -29,7 +29,7 @@ COUNTS = (
     ("run twice, lease lost with a killed process", "run twice: lease lost with a killed process"),
     (
         "run twice, lease expired while the database was away",
-        "run twice: its fenced write refused (lease expired while the database was away)",
+        "run twice: lease expired, the database away (write refused, or claim rescued)",
     ),
     ("run twice, unexplained", "run twice: unexplained"),
     ("runs of jobs never answered", "runs of jobs no client saw answered"),
