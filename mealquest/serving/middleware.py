@@ -1,10 +1,14 @@
-"""The app side of serving: trusted proxy headers, and a request id on every response."""
+"""The app side of serving: trusted proxy headers, a request id on every
+response, and each request's turn on the event loop."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import gevent
 from flask import Flask, Response, g, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
@@ -24,8 +28,26 @@ def init_app(app: Flask) -> None:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=hops, x_proto=hops, x_host=hops, x_port=hops
         )
+    app.wsgi_app = _taking_turns(app.wsgi_app)  # type: ignore[method-assign]
     app.before_request(_take_request_id)
     app.after_request(_set_request_id)
+
+
+def _taking_turns(wsgi_app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """`wsgi_app`, letting the event loop run before each request.
+
+    gevent's server reads a keep-alive connection's next request without
+    yielding when it has already arrived: under load a connection whose
+    client answers fast is served again and again while the others wait.
+    Measured through gunicorn (2 gevent workers, wrk on 32 connections, a
+    trivial route): p99 0.3-0.6 s and requests past wrk's 2 s timeout;
+    with this yield, p99 58-72 ms and none. One hub switch a request."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        gevent.sleep(0)
+        return wsgi_app(environ, start_response)
+
+    return app
 
 
 def _take_request_id() -> None:
