@@ -8,22 +8,18 @@ deployment instead: tests/test_docs_screenshots.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
-from selenium.webdriver.support.ui import WebDriverWait
 
 from mealquest.config import DEFAULTS
 from mealquest.db.sqlite import migrate
 from mealquest.households import create_household
 from mealquest.operators import create_operator
 from tests.support import sql
+from tests.support.browser import chromium, require_chromium, text_of, wait
 from tests.support.gates import Gates
 from tests.support.kinds import SECRET
 from tests.support.servers import (
@@ -36,15 +32,9 @@ from tests.support.servers import (
     wait_until,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SECRET_KEY = "browser-test-secret-" + "s" * 32
-WAIT_SECONDS = 30
 
-if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium and chromium-driver are missing: scripts/test installs them")
-    pytest.skip("chromium and chromium-driver are not installed", allow_module_level=True)
+require_chromium()
 
 
 class Site:
@@ -75,30 +65,17 @@ class Site:
 
 
 @pytest.fixture(scope="module")
+def browser():
+    yield from chromium()
+
+
+@pytest.fixture(scope="module")
 def site(tmp_path_factory):
     site = Site(tmp_path_factory.mktemp("dashboard"))
     try:
         yield site
     finally:
         site.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # Chromium refuses to run as root without it
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture(scope="module")
@@ -117,26 +94,6 @@ def screenshot(browser, tmp_path, name):
     path = tmp_path / f"{name}.png"
     assert browser.save_screenshot(str(path))
     return path
-
-
-def wait(browser, condition, message):
-    # A page that refreshes itself may replace an element between finding it
-    # and reading it, and a click only starts the navigation it causes: the
-    # condition finds the element again at the next poll (WebDriverWait also
-    # ignores NoSuchElementException).
-    return WebDriverWait(
-        browser, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
-    ).until(lambda _: condition(), message)
-
-
-def text_of(browser, element_id):
-    """The element's text, found again if a refresh replaced it meanwhile."""
-    for _ in range(10):
-        try:
-            return browser.find_element(By.ID, element_id).text
-        except StaleElementReferenceException:
-            continue
-    return browser.find_element(By.ID, element_id).text
 
 
 def mark_page(browser):

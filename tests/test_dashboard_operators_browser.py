@@ -11,18 +11,13 @@ come from a realistic deployment: tests/test_docs_screenshots.py)."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import uuid
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
 
 from mealquest.clock import from_text
 from mealquest.db.sqlite import migrate
@@ -30,6 +25,7 @@ from mealquest.households import create_household
 from mealquest.model.jobs import NewJob, OnInterrupt
 from mealquest.operators import create_operator
 from tests.support import sql
+from tests.support.browser import chromium, require_chromium, text_of, wait
 from tests.support.postgres import fresh_database, require_postgres_url
 from tests.support.servers import (
     Gunicorn,
@@ -41,16 +37,10 @@ from tests.support.servers import (
     wait_until,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SECRET_KEY = "browser-test-secret-" + "s" * 32
-WAIT_SECONDS = 30
 WITHIN = 2**0.25
 
-if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium and chromium-driver are missing: scripts/test installs them")
-    pytest.skip("chromium and chromium-driver are not installed", allow_module_level=True)
+require_chromium()
 
 
 class Site:
@@ -99,20 +89,7 @@ def site(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # Chromium refuses to run as root without it
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium()
 
 
 def screenshot(site, target, tmp_path, name):
@@ -123,23 +100,6 @@ def screenshot(site, target, tmp_path, name):
     else:
         assert target.save_screenshot(str(path))
     return path
-
-
-def wait(browser, condition, message):
-    # A page that refreshes itself may replace an element between finding it
-    # and reading it: the condition finds it again at the next poll.
-    return WebDriverWait(
-        browser, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
-    ).until(lambda _: condition(), message)
-
-
-def text_of(browser, element_id):
-    for _ in range(10):
-        try:
-            return browser.find_element(By.ID, element_id).text
-        except StaleElementReferenceException:
-            continue
-    return browser.find_element(By.ID, element_id).text
 
 
 def signed_in(site, browser):

@@ -16,16 +16,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
 
 from mealquest.db.sqlite import migrate
 from mealquest.households import create_household
 from mealquest.operators import create_operator
 from tests.support import sql
+from tests.support.browser import chromium, require_chromium, text_of, wait
 from tests.support.pages import WEEK, PageServer, week_page
 from tests.support.servers import (
     Gunicorn,
@@ -36,18 +33,17 @@ from tests.support.servers import (
     wait_until,
 )
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 SECRET_KEY = "screenshots-secret-" + "s" * 32
-WAIT_SECONDS = 30
 HOUSEHOLDS = ("The Okafors", "The Lindqvists", "The Tanakas")
 # The kinds a deployment runs: no picture shows another.
 REAL_KINDS = {"recipe_import", "shopping_list"}
 
-if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium and chromium-driver are missing: scripts/test installs them")
-    pytest.skip("chromium and chromium-driver are not installed", allow_module_level=True)
+require_chromium()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
@@ -94,39 +90,6 @@ def deployment(tmp_path_factory, pages):
     finally:
         server.stop()
         store.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--window-size=1280,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def wait(browser, condition, message):
-    return WebDriverWait(
-        browser, WAIT_SECONDS, ignored_exceptions=(StaleElementReferenceException,)
-    ).until(lambda _: condition(), message)
-
-
-def text_of(browser, element_id):
-    for _ in range(10):
-        try:
-            return browser.find_element(By.ID, element_id).text
-        except StaleElementReferenceException:
-            continue
-    return browser.find_element(By.ID, element_id).text
 
 
 def picture(browser, tmp_path, name, element=None):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,17 +86,20 @@ def completed(runs: Mapping[str, list[Run]]) -> set[str]:
     return {job_id for job_id, job_runs in runs.items() if any(r.ended for r in job_runs)}
 
 
+def _lines_saying(logs: Iterable[str], words: str) -> Iterator[str]:
+    """The processes' text log lines that say `words`."""
+    for log in logs:
+        yield from (line for line in log.splitlines() if words in line)
+
+
 def fenced_writes(logs: Iterable[str]) -> set[tuple[str, int]]:
     """(job, pid) of each outcome write refused as the lease was gone, from
     the processes' text logs."""
     found = set()
-    for log in logs:
-        for line in log.splitlines():
-            if LEASE_LOST not in line:
-                continue
-            pid, job = _LOGGED_PID.match(line), _LOGGED_JOB.search(line)
-            if pid and job:
-                found.add((job.group(1), int(pid.group(1))))
+    for line in _lines_saying(logs, LEASE_LOST):
+        pid, job = _LOGGED_PID.match(line), _LOGGED_JOB.search(line)
+        if pid and job:
+            found.add((job.group(1), int(pid.group(1))))
     return found
 
 
@@ -104,13 +107,10 @@ def rescued_claims(logs: Iterable[str]) -> set[tuple[str, str]]:
     """(job, claim) of each lease a rescuer found expired and took back, from
     the processes' text logs."""
     found = set()
-    for log in logs:
-        for line in log.splitlines():
-            if RESCUED not in line:
-                continue
-            job, claim = _LOGGED_JOB.search(line), _LOGGED_CLAIM.search(line)
-            if job and claim:
-                found.add((job.group(1), claim.group(1)))
+    for line in _lines_saying(logs, RESCUED):
+        job, claim = _LOGGED_JOB.search(line), _LOGGED_CLAIM.search(line)
+        if job and claim:
+            found.add((job.group(1), claim.group(1)))
     return found
 
 
