@@ -376,14 +376,14 @@ def test_the_unblocker_outlives_a_pass_the_database_refused(
     assert not pool.roles["unblocker"].dead  # the role never died
 
 
-def test_a_pass_given_the_jobs_that_ended_resolves_only_what_waits_for_them(
-    make_app, store, household
-):
+def test_a_pass_given_the_jobs_that_ended_resolves_only_what_waits_for_them(make_app):
     # What the unblocker runs at each completion: the dependencies on the
     # jobs that ended, not every one still waiting (those wait for a full
-    # pass, at the latest `interval_seconds` later).
-    jobs = get_jobs(make_app())  # no pool: the passes are this test's
-    hid = household.household_id
+    # pass, at the latest `interval_seconds` later). No pool: the passes are
+    # this test's, and the jobs it marks ended must not be running meanwhile
+    # (the module's pool claimed them under load before the update).
+    jobs, hid = without_the_modules_pool(make_app)
+    store = jobs.store
     first, second = (jobs.enqueue("succeed", {"value": v}, household_id=hid) for v in (1, 2))
     sql.execute(
         store,

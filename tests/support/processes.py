@@ -45,6 +45,12 @@ class Process:
         return self.popen.pid
 
     def output(self) -> str:
+        """What the process printed; once it has exited, all of it. The reader
+        thread may still be draining the pipe when `poll()` first sees the exit
+        (5 exits in 100 here, idle): a loaded machine then lost the last lines,
+        such as the log line of why the process ended."""
+        if self.popen.poll() is not None:
+            self._reader.join(timeout=10)
         return "\n".join(self.lines)
 
     def signal(self, signum: int) -> None:
