@@ -1,5 +1,5 @@
 """Entry point for the Flask CLI (`flask --app app ...`); builds the app and nothing else."""
 
-from mealquest import create_app_or_exit
+from mealquest.application import create_app_or_exit
 
 app = create_app_or_exit()

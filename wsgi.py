@@ -5,6 +5,6 @@ open the database or start the job pool; a bad setting ends the command with
 one line naming it.
 """
 
-from mealquest import create_app_or_exit
+from mealquest.application import create_app_or_exit
 
 app = create_app_or_exit()

@@ -15,7 +15,7 @@ import gevent.event
 from flask import Flask, jsonify
 from marshmallow import Schema, fields
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.service import get_jobs
 from mealquest.recipes.kind import KIND

@@ -24,7 +24,7 @@ from bench.dashboard import build_sqlite
 
 
 def measure(database: dict[str, Any]) -> list[tuple[str, str, int, list[float]]]:
-    from mealquest import create_app
+    from mealquest.application import create_app
     from mealquest.extensions import get_store
     from mealquest.jobs.service import get_jobs
     from mealquest.model.jobs import Status

@@ -185,8 +185,8 @@ def build_postgres(url: str, rows: int) -> dict[str, Any]:
 
 
 def measure(database: dict[str, Any], rounds: int) -> list[tuple[str, float, float]]:
-    from mealquest import create_app
     from mealquest.admin.views import CHARTS_KEY
+    from mealquest.application import create_app
     from mealquest.extensions import get_store
     from mealquest.metrics.view import cached_figures
     from mealquest.operators import create_operator

@@ -27,7 +27,7 @@ from typing import Any
 from mkdocs.exceptions import PluginError
 from openapidocs.mk.v3 import OpenAPIV3DocumentationHandler
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.config.table import markdown_table
 from mealquest.openapi import build_document
 

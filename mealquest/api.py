@@ -13,8 +13,8 @@ from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
 
 from mealquest.auth import require_token
-from mealquest.jobs.api import bp as jobs_bp
-from mealquest.jobs.batch_api import bp as batches_bp
+from mealquest.jobs.web.api import bp as jobs_bp
+from mealquest.jobs.web.batch_api import bp as batches_bp
 from mealquest.openapi import bp as openapi_bp
 from mealquest.recipes.api import imports_bp as recipe_imports_bp
 from mealquest.recipes.api import recipes_bp

@@ -6,7 +6,7 @@ itself first and raises its count in each batch's own transaction
 (`add`), so the log holds what was done even when the action stops half
 way. From the command line there is no signed-in operator: the actor is
 "command line" and the system user who ran it. Entries go with the jobs,
-after `MEALQUEST_JOB_RETENTION_DAYS` (`mealquest.jobs.retention`).
+after `MEALQUEST_JOB_RETENTION_DAYS` (`mealquest.jobs.service.retention`).
 
 For a new action (a kind paused or resumed, say):
 

@@ -28,13 +28,13 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient, FlaskCliRunner
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.db.driver import Store
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.households import IssuedToken, create_household
-from mealquest.jobs.live import get_live
 from mealquest.jobs.service import JobService, get_jobs
+from mealquest.jobs.service.live import get_live
 from tests.support.gates import Gates
 from tests.support.kinds import register_test_kinds
 from tests.support.postgres import (

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.config import DEFAULTS
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store

@@ -13,9 +13,9 @@ from marshmallow import ValidationError
 from mealquest.households import create_household
 from mealquest.jobs.enqueueing import JobRequest
 from mealquest.jobs.errors import TooManyJobs
-from mealquest.jobs.retention import prune
 from mealquest.jobs.runner.unblocker import Unblocker
 from mealquest.jobs.service import JobService, get_jobs
+from mealquest.jobs.service.retention import prune
 from mealquest.model.batches import BatchStatus
 from mealquest.model.jobs import MESSAGE_DEPENDENCY_FAILED, Status
 from mealquest.operator_actions import erasure

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import mealquest
-from mealquest import create_app
+from mealquest import application
+from mealquest.application import create_app
 from mealquest.config import SETTINGS, ConfigError, unknown_variables
 from mealquest.config.table import markdown_table
 from mealquest.db.sqlite import migrate
@@ -334,7 +334,7 @@ def test_a_mistyped_variable_is_named_once_with_the_nearest_setting(monkeypatch,
         "MEALQUEST_JOB_WORKER is no setting of this service and is ignored; "
         "did you mean MEALQUEST_JOB_WORKERS?"
     ]
-    monkeypatch.setattr(mealquest, "_warned", set())  # as in a new process
+    monkeypatch.setattr(application, "_warned", set())  # as in a new process
     logger = logging.getLogger("mealquest")
     logger.addHandler(caplog.handler)
     try:

@@ -71,7 +71,7 @@ def test_an_enqueue_whose_commit_answer_was_lost_is_found_not_made_again(
     # What committed before the answer was lost.
     store.write(enqueueing.insert_all, store.jobs, prepared)
 
-    found = jobs._committed(prepared)
+    found = jobs.writer.committed(prepared)
 
     assert found is not None
     assert [(e.job_id, e.created) for e in found] == [(job.job_id, True) for job in prepared]
@@ -80,4 +80,4 @@ def test_an_enqueue_whose_commit_answer_was_lost_is_found_not_made_again(
     others = enqueueing.prepare_all(
         jobs.registry, [JobRequest("succeed", {"value": 9}, household.household_id)]
     )
-    assert jobs._committed(others) is None
+    assert jobs.writer.committed(others) is None

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from flask import Flask
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.db.errors import StoreError
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.extensions import get_store

@@ -19,10 +19,10 @@ from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.store import SqliteTransaction
 from mealquest.extensions import get_store
 from mealquest.households import create_household
-from mealquest.jobs import enqueueing, quota
+from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import TooManyJobs
-from mealquest.jobs.service import JobRequest, get_jobs
+from mealquest.jobs.service import JobRequest, get_jobs, quota
 from mealquest.model.jobs import ClaimRequest, PartitionLimits, Rate, Status
 from tests.conftest import wait_for
 from tests.support import sql

@@ -14,8 +14,7 @@ import pytest
 
 from mealquest.clock import from_text
 from mealquest.extensions import get_store
-from mealquest.jobs import flow
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import flow, get_jobs
 from mealquest.model.jobs import MESSAGE_SNOOZED_TOO_OFTEN, Status
 from tests.conftest import wait_for
 from tests.support.kinds import RATED

@@ -13,7 +13,7 @@ import pytest
 
 from mealquest.extensions import get_store
 from mealquest.households import create_household, create_token
-from mealquest.jobs.retention import prune
+from mealquest.jobs.service.retention import prune
 from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, HouseholdErased
 from mealquest.model.jobs import Status
 from mealquest.model.recipes import ParsedRecipe

@@ -16,7 +16,7 @@ import pytest
 
 from mealquest.clock import from_text
 from mealquest.job_history import ChartsReader, Range, bucket_figure, read_charts
-from mealquest.jobs.retention import prune
+from mealquest.jobs.service.retention import prune
 from mealquest.model.jobs import Status
 from tests.conftest import wait_for
 from tests.support import sql

@@ -16,7 +16,7 @@ from mealquest.clock import to_text, utc_now
 from mealquest.jobs import enqueueing
 from mealquest.jobs.enqueueing import Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused, UnknownKind
-from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.runner.outcome import Outcome
 from mealquest.jobs.service import JobRequest, get_jobs
 from mealquest.model.jobs import ClaimRequest, OnInterrupt, Status, Transition
 from tests.conftest import wait_for

@@ -12,8 +12,8 @@ import logging
 import pytest
 
 from mealquest.jobs.job_log import MAX_BYTES, MAX_LINES
-from mealquest.jobs.retention import prune
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service.retention import prune
 from mealquest.logs import ContextFormatter, JsonFormatter
 from mealquest.model.jobs import Status
 from mealquest.operator_actions import erasure

@@ -8,7 +8,7 @@ import time
 import gevent
 import pytest
 
-from mealquest.jobs.watcher import JOB, JobWatcher
+from mealquest.jobs.service.watcher import JOB, JobWatcher
 
 pytestmark = pytest.mark.both_databases
 

@@ -9,7 +9,7 @@ import gevent
 import pytest
 
 from mealquest.jobs.enqueueing import JobRequest
-from mealquest.jobs.live import get_live
+from mealquest.jobs.service.live import get_live
 from mealquest.model.jobs import ClaimRequest, Status, Transition
 from tests.conftest import wait_for
 
@@ -259,7 +259,7 @@ def test_a_row_without_a_jobs_columns_or_with_others_is_not_a_job():
 def test_the_job_routes_dump_is_the_schemas_in_every_state(client, auth, jobs, store, household):
     """The job route writes its answer out by hand; it must stay `JobSchema`'s
     dump, field for field, whatever the job's state."""
-    from mealquest.jobs.schemas import JobSchema, dump_job
+    from mealquest.jobs.web.schemas import JobSchema, dump_job
     from mealquest.model.jobs import Attempt, Transition
 
     mine = household.household_id
@@ -301,7 +301,7 @@ def with_queue(job, queue):
 def test_a_polled_job_answers_each_change_at_the_next_poll(client, auth, jobs, store, household):
     """The job route answers again from what it read while nothing commits
     (`ReadCache`); every change of the job shows at the very next poll."""
-    from mealquest.jobs.schemas import JobSchema
+    from mealquest.jobs.web.schemas import JobSchema
     from mealquest.model.jobs import Transition
 
     job_id = jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
@@ -423,7 +423,7 @@ def test_a_page_of_jobs_stops_at_its_byte_bound_and_the_next_continues(
 def test_a_queued_job_says_its_kind_is_paused_or_its_partition_holds_it(
     client, auth, jobs, store, household
 ):
-    from mealquest.jobs import flow
+    from mealquest.jobs.service import flow
     from mealquest.model.jobs import ClaimRequest
     from mealquest.model.processes import ProcessEntry
 

@@ -10,6 +10,9 @@ that imports such a facade is still caught when the facade reaches up."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -67,3 +70,32 @@ def test_every_module_is_in_exactly_one_layer():
         if len(covering) != 1:
             misplaced[name] = covering
     assert misplaced == {}, misplaced
+
+
+def test_the_kind_authors_api_loads_nothing_of_the_service_the_runner_or_the_web():
+    # A kind's module imports `mealquest.jobs`; once that loaded the whole
+    # service (123 modules, the pool among them), through the app factory in
+    # `mealquest/__init__.py` and an import of the service in `authoring`.
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys; import mealquest.jobs; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mealquest'))))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    modules = json.loads(loaded.stdout)
+    above = [
+        name
+        for name in modules
+        if name.startswith(
+            ("mealquest.jobs.runner", "mealquest.jobs.service", "mealquest.jobs.web")
+        )
+        or name == "mealquest.application"
+    ]
+    assert above == []
+    assert len(modules) <= 40, modules

@@ -13,8 +13,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from mealquest.config import ConfigError
-from mealquest.jobs.outcome import Outcome
 from mealquest.jobs.runner.metrics import AttemptMetrics
+from mealquest.jobs.runner.outcome import Outcome
 from mealquest.jobs.runner.running import Running
 from mealquest.metrics import standalone
 from mealquest.model.jobs import Lease, Status
@@ -227,7 +227,7 @@ def test_the_runs_and_waits_kept_between_batches_are_bounded(client, jobs, house
 def test_a_paused_kind_is_a_gauge_of_one_and_the_other_kinds_zero(
     app, client, jobs, household, operator
 ):
-    from mealquest.jobs import flow
+    from mealquest.jobs.service import flow
     from mealquest.metrics.view import cached_figures
     from mealquest.queue_stats import MAX_AGE_SECONDS
 
@@ -403,7 +403,7 @@ def test_the_metrics_port_is_off_unless_set(make_app):
     ],
 )
 def test_dashboard_and_metrics_settings_are_checked_in_one_line(database, config, message):
-    from mealquest import create_app
+    from mealquest.application import create_app
 
     with pytest.raises(ConfigError) as raised:
         create_app({"TESTING": True, **database, **config})

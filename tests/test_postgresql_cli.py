@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.config import ConfigError
 from mealquest.db.postgresql import migrate
 from tests.support.postgres import fresh_database, require_postgres_url

@@ -10,15 +10,15 @@ from datetime import UTC, datetime, timedelta
 import gevent
 import pytest
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.clock import utc_now
 from mealquest.config import DEFAULTS
 from mealquest.extensions import get_store
 from mealquest.households import create_household
 from mealquest.jobs.registry import KindOptions
-from mealquest.jobs.retention import PRUNE_CRON, PRUNE_KIND, prune
 from mealquest.jobs.runner.scheduler import Scheduler
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service.retention import PRUNE_CRON, PRUNE_KIND, prune
 from mealquest.model.households import SYSTEM_HOUSEHOLD_ID
 from mealquest.model.jobs import FINAL_STATUSES, ClaimRequest, Status
 from mealquest.model.recipes import ParsedRecipe

@@ -16,7 +16,7 @@ from marshmallow import Schema, fields, validate
 
 from mealquest import jobs
 from mealquest.jobs import Failure, JobContext, KindOptions
-from mealquest.jobs import http as jobs_http
+from mealquest.jobs.web import enqueue_route as jobs_http
 from mealquest.recipes.schemas import RECIPE_ID_PATTERN
 
 KIND = "scale_recipe"

@@ -13,9 +13,8 @@ import logging
 
 from mealquest import audit
 from mealquest.extensions import get_store
-from mealquest.jobs import flow
 from mealquest.jobs.errors import UnknownKind
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import flow, get_jobs
 from mealquest.model.jobs import Status
 from mealquest.model.operators import Operator
 

@@ -20,9 +20,9 @@ from typing import Any
 from flask import Response, request
 
 from mealquest.households import token_digest
-from mealquest.jobs import events
-from mealquest.jobs.live import get_live
-from mealquest.jobs.watcher import SESSION, Credential, WatcherClosed
+from mealquest.jobs.service.live import get_live
+from mealquest.jobs.service.watcher import SESSION, Credential, WatcherClosed
+from mealquest.jobs.web import events
 from mealquest.model.jobs import Job
 
 _VERSION = re.compile(events.LAST_EVENT_ID_PATTERN)
@@ -53,15 +53,6 @@ def job_stream(job: Job, session_id: str) -> Response | None:
     except WatcherClosed:
         return None
     known = version_known()
-    stream = events.EventStream(
-        job,
-        watch,
-        live.watcher,
-        render=shown,
-        send_first=known is None or job.version > known,
-        heartbeat_seconds=live.heartbeat_seconds,
-        max_seconds=live.max_seconds,
-        send_timeout_seconds=live.send_timeout_seconds,
-        writes_each_chunk=events.served_by_gunicorn(request.environ),
+    return events.stream_response(
+        live, job, watch, render=shown, send_first=known is None or job.version > known
     )
-    return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)

@@ -8,7 +8,7 @@ from flask import render_template
 from flask.typing import ResponseReturnValue
 
 from mealquest.admin.views import bp
-from mealquest.jobs.live import get_live
+from mealquest.jobs.service.live import get_live
 
 
 @bp.get("/processes", endpoint="processes")

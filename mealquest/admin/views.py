@@ -46,9 +46,8 @@ from mealquest.admin.waiting import why_waiting
 from mealquest.ascii_numbers import whole
 from mealquest.extensions import get_store
 from mealquest.job_history import ChartsReader, Range
-from mealquest.jobs import flow
-from mealquest.jobs.live import get_live
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import flow, get_jobs
+from mealquest.jobs.service.live import get_live
 from mealquest.masking import mask
 from mealquest.metrics.view import cached_figures
 from mealquest.model.jobs import FINAL_STATUSES, Job, Status

@@ -9,8 +9,8 @@ the queue holds.
 from __future__ import annotations
 
 from mealquest.db.driver import Store
-from mealquest.jobs import flow
 from mealquest.jobs.registry import Registry
+from mealquest.jobs.service import flow
 from mealquest.masking import mask
 from mealquest.model.jobs import Job, Status
 

@@ -1,24 +1,64 @@
 """What a job kind's author calls: register a kind with an app, enqueue its jobs.
 
-Thin on purpose: each function finds the app's jobs service (`get_jobs`) and
-calls it, so that a kind module needs one import (`mealquest.jobs`) and no
-knowledge of where the service keeps its registry. Everything they accept
-and raise is the service's (`JobService.enqueue`, `Registry.register`).
+Thin on purpose: each function finds the app's jobs service and calls it, so
+that a kind module needs one import (`mealquest.jobs`) and no knowledge of
+where the service keeps its registry. Everything they accept and raise is
+the service's (`JobService.enqueue`, `Registry.register`). The service is
+found by what it must do (`AppJobs`), not imported: the kind author's API
+loads nothing of the service, the runner or the web.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from typing import Any, Protocol, Unpack
 
-from flask import Flask
+from flask import Flask, current_app
 from marshmallow import Schema
 
 from mealquest.db.driver import Transaction
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
 from mealquest.jobs.options import EnqueueOptions
-from mealquest.jobs.registry import Handler, Kind, KindOptions
-from mealquest.jobs.service import Batched, get_jobs
+from mealquest.jobs.registry import Handler, Kind, KindOptions, Registry
+from mealquest.model.batches import Batched
+
+# Where an app keeps its jobs service (`app.extensions`).
+JOBS_KEY = "mealquest.jobs"
+
+
+class AppJobs(Protocol):
+    """What these functions need of the app's jobs service."""
+
+    registry: Registry
+
+    def enqueue(
+        self,
+        kind_name: str,
+        payload: Mapping[str, Any],
+        *,
+        household_id: int,
+        tx: Transaction | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> str: ...
+
+    def enqueue_many(
+        self, requests: Sequence[JobRequest], *, tx: Transaction | None = None
+    ) -> list[Enqueued]: ...
+
+    def enqueue_batch(
+        self,
+        requests: Sequence[JobRequest],
+        *,
+        on_complete: JobRequest | None = None,
+        tx: Transaction | None = None,
+        unique_key: str | None = None,
+    ) -> Batched: ...
+
+
+def get_jobs(app: Flask | None = None) -> AppJobs:
+    """The app's jobs service (of the current app without one)."""
+    jobs: AppJobs = (app or current_app).extensions[JOBS_KEY]
+    return jobs
 
 
 def register(

@@ -16,9 +16,8 @@ from mealquest import audit, households
 from mealquest.command_group import CommandGroup
 from mealquest.db import migrations
 from mealquest.db.errors import StoreError
-from mealquest.jobs import flow, retention
 from mealquest.jobs.errors import JobsError
-from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service import flow, get_jobs, retention
 from mealquest.masking import mask
 from mealquest.model.batches import Batch
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status

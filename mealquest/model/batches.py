@@ -32,6 +32,17 @@ class NewBatch:
 
 
 @dataclass(frozen=True)
+class Batched:
+    """What an enqueue of a batch made: the batch, its jobs in order, its callback."""
+
+    batch_id: str
+    job_ids: list[str]
+    callback_job_id: str | None = None
+    # False: a repeat of the request that made it, with the same idempotency key.
+    created: bool = True
+
+
+@dataclass(frozen=True)
 class BatchMember:
     """One job of a batch (or its callback) as the batch's reader needs it."""
 

@@ -29,8 +29,8 @@ import gevent
 
 from mealquest import audit
 from mealquest.db.driver import Store, Transaction
-from mealquest.jobs.retention import delete_household_rows
 from mealquest.jobs.service import JobService
+from mealquest.jobs.service.retention import delete_household_rows
 from mealquest.model.households import SYSTEM_HOUSEHOLD_ID, SystemHouseholdRefused
 from mealquest.model.operators import Operator
 

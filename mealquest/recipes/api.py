@@ -11,8 +11,8 @@ from mealquest.auth import current_household
 from mealquest.errors import not_found
 from mealquest.extensions import get_store
 from mealquest.jobs import JobRequest, enqueue_batch
-from mealquest.jobs import http as jobs_http
 from mealquest.jobs.errors import IdempotencyKeyReused
+from mealquest.jobs.web import enqueue_route as jobs_http
 from mealquest.openapi import operation
 from mealquest.pagination import PageQuerySchema, decode_cursor, paginate
 from mealquest.recipes import shopping_list

@@ -46,9 +46,9 @@ from mealquest.db import database_errors, migrations
 from mealquest.db.driver import Store
 from mealquest.db.postgresql.waiting import BlockingPsycopg
 from mealquest.extensions import get_store
-from mealquest.jobs.live import get_live
 from mealquest.jobs.runner.pool import Pool, StopReport
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service.live import get_live
 from mealquest.serving import flask_app
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from mealquest.jobs.flow import resume
+from mealquest.jobs.service.flow import resume
 from tests.support.servers import enqueue, final_jobs, wait_until
 
 # Also through PgBouncer in transaction mode (see tests/conftest.py).

@@ -18,12 +18,12 @@ from typing import Any
 from flask import Blueprint, Response, request
 from marshmallow import Schema, fields, validate
 
-from mealquest import create_app
+from mealquest.application import create_app
 from mealquest.auth import token_auth
-from mealquest.jobs import http as jobs_http
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.web import enqueue_route as jobs_http
 from tests.support.gates import pass_gate
 from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
 

@@ -24,7 +24,7 @@ from gevent.event import AsyncResult, Event
 from mealquest.db.driver import JobStatements, Store, Transaction
 from mealquest.db.errors import StoreBroken, StoreUnavailable, WriteOutcomeUnknown
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.outcome import Outcome
+from mealquest.jobs.runner.outcome import Outcome
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.slots import Slots
 from mealquest.model.jobs import ClaimRequest, Job, Lease

@@ -25,9 +25,9 @@ from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs import enqueueing
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
-from mealquest.jobs.outcome import CANCELLED, Outcome, failed, snoozed
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.runner.metrics import AttemptMetrics
+from mealquest.jobs.runner.outcome import CANCELLED, Outcome, failed, snoozed
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots

@@ -18,8 +18,8 @@ from typing import Any
 
 from mealquest.db.driver import Store
 from mealquest.db.errors import StoreError
-from mealquest.jobs.outcome import Outcome
 from mealquest.jobs.registry import Registry
+from mealquest.jobs.runner.outcome import Outcome
 from mealquest.jobs.runner.running import Running
 from mealquest.metrics.registry import JOB_RESCUES, JOB_RUN_DURATION, JOB_RUNS, JOB_WAIT
 from mealquest.model.jobs import Job, Recovered, Status

@@ -43,12 +43,12 @@ from gevent.greenlet import Greenlet
 from mealquest.db.driver import Store, Transaction
 from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs.errors import PoolAlreadyStarted, PoolStopping
-from mealquest.jobs.outcome import CANCELLED, failed
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner import hub_monitor, metrics
 from mealquest.jobs.runner.completer import Completer
 from mealquest.jobs.runner.executor import Executor
 from mealquest.jobs.runner.heartbeat import Heartbeat
+from mealquest.jobs.runner.outcome import CANCELLED, failed
 from mealquest.jobs.runner.producer import Producer
 from mealquest.jobs.runner.registration import Registration
 from mealquest.jobs.runner.rescuer import Rescuer

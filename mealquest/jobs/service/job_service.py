@@ -2,92 +2,53 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Unpack
 
-import gevent
 from flask import Flask, current_app
 from marshmallow import ValidationError
 
 from mealquest import tracing
 from mealquest.db import migrations
 from mealquest.db.driver import Store, Transaction
-from mealquest.db.errors import (
-    StorageFault,
-    StoreBroken,
-    StoreBusy,
-    StoreUnavailable,
-    WriteOutcomeUnknown,
-)
 from mealquest.extensions import get_store
-from mealquest.jobs import enqueueing, quota, retention
+from mealquest.jobs import enqueueing
+from mealquest.jobs.authoring import JOBS_KEY
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
-from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted, TooManyJobs
+from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted
 from mealquest.jobs.options import EnqueueOptions
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
 from mealquest.jobs.runner.settings import PoolSettings
-from mealquest.model.batches import MAX_BATCH_JOBS, Batch, NewBatch
+from mealquest.jobs.service import retention
+from mealquest.jobs.service.batch_rules import prepare_batch
+from mealquest.jobs.service.writing import BatchRepeated, JobWriter
+from mealquest.model.batches import Batch, Batched
 from mealquest.model.households import Household
-from mealquest.model.jobs import Job, LogLine, NewJob, Status
-
-logger = logging.getLogger(__name__)
-
-# An enqueue whose connection the database dropped is tried again on a new one
-# for this long (a PostgreSQL restart or failover takes a few seconds), the
-# pauses between tries doubling from the first to the last.
-_REENQUEUE_SECONDS = 10.0
-_REENQUEUE_FIRST_DELAY_SECONDS = 0.05
-_REENQUEUE_MAX_DELAY_SECONDS = 1.0
-
-__all__ = ["Batched", "Enqueued", "JobRequest", "JobService", "get_jobs", "init_app"]
-
-JOBS_KEY = "mealquest.jobs"
-
-
-@dataclass(frozen=True)
-class Batched:
-    """What `enqueue_batch` made: the batch, its jobs in order, its callback."""
-
-    batch_id: str
-    job_ids: list[str]
-    callback_job_id: str | None = None
-    # False: a repeat of the request that made it, with the same idempotency key.
-    created: bool = True
-
-
-class _AtQuota(Exception):
-    """Raised inside the enqueue's transaction to roll it back."""
-
-
-class _BatchRepeated(Exception):
-    """Raised inside a batch's transaction to roll it back: its key's holder
-    (the job named) is the first member of the batch the same request made."""
-
-
-def _batch_digest(jobs: Sequence[NewJob]) -> str:
-    """What tells a repeat of a batch's request from another: its jobs' kinds
-    and canonical payloads, in order."""
-    request = "\n".join(f"{job.kind}\n{job.payload}" for job in jobs)
-    return hashlib.sha256(f"batch\n{request}".encode()).hexdigest()
+from mealquest.model.jobs import Job, LogLine, Status
 
 
 class JobService:
+    """What the web, the CLI and kinds' authors call: enqueue (the rows
+    checked by `enqueueing` and `batch_rules`, written by `JobWriter`),
+    read, cancel, retry, and start this process's pool."""
+
     def __init__(
         self, store: Store, settings: PoolSettings, *, max_pending_per_household: int = 100
     ) -> None:
         self.store = store
         self.settings = settings
-        # A household's quota: jobs it may have queued or running at once.
-        self.max_pending_per_household = max_pending_per_household
         self.registry = Registry()
         self.pool: Pool | None = None
+        self.writer = JobWriter(
+            store, max_pending_per_household=max_pending_per_household, wake=self._wake_pool
+        )
+
+    @property
+    def max_pending_per_household(self) -> int:
+        """A household's quota: jobs it may have queued or running at once."""
+        return self.writer.max_pending_per_household
 
     def enqueue(
         self,
@@ -154,7 +115,7 @@ class JobService:
             self.registry, kind_name, payload, household_id=household_id, **options
         )
         try:
-            return self._write([job], tx, within_quota=within_quota)[0]
+            return self.writer.write([job], tx, within_quota=within_quota)[0]
         except ValidationError as error:
             # One job: its errors are its own, not an item's of a bulk.
             raise ValidationError(error.normalized_messages().get(0, {})) from None
@@ -175,7 +136,7 @@ class JobService:
         quota (TooManyJobs). Answers in the requests' order.
         """
         jobs = enqueueing.prepare_all(self.registry, requests)
-        return self._write(jobs, tx, within_quota=within_quota)
+        return self.writer.write(jobs, tx, within_quota=within_quota)
 
     def enqueue_batch(
         self,
@@ -200,57 +161,17 @@ class JobService:
         another request with the key is IdempotencyKeyReused. Its first member
         holds the key, for the whole batch.
         """
-        if not 1 <= len(requests) <= MAX_BATCH_JOBS:
-            raise ValidationError({"jobs": [f"a batch holds 1 to {MAX_BATCH_JOBS:,} jobs"]})
-        household_id = requests[0].household_id
-        errors: dict[int | str, Any] = {}
-        for index, request in enumerate(requests):
-            if request.household_id != household_id:
-                errors[index] = {"household_id": ["a batch's jobs are one household's"]}
-            elif request.unique_key is not None or request.depends_on:
-                errors[index] = {"unique_key": ["a batch's jobs take no idempotency key"]}
-                if request.depends_on:
-                    errors[index] = {"depends_on": ["a batch's jobs depend on nothing"]}
-        if on_complete is not None and on_complete.household_id != household_id:
-            errors["on_complete"] = {"household_id": ["a batch's jobs are one household's"]}
-        if errors:
-            raise ValidationError(errors)
-        jobs = enqueueing.prepare_all(self.registry, requests)
-        callback = None
-        if on_complete is not None:
-            try:
-                callback = enqueueing.prepare_all(
-                    self.registry,
-                    [dataclasses.replace(on_complete, depends_on=[job.job_id for job in jobs])],
-                )[0]
-            except ValidationError as error:
-                raise ValidationError(
-                    {"on_complete": error.normalized_messages().get(0, {})}
-                ) from None
-            callback = dataclasses.replace(callback, needs_success=False)
-        if unique_key is not None:
-            jobs[0] = dataclasses.replace(
-                jobs[0],
-                unique_key=enqueueing.check_unique_key(unique_key),
-                request_digest=_batch_digest([*jobs, *([callback] if callback else [])]),
-            )
-        batch = NewBatch(
-            enqueueing.new_job_id(),
-            household_id,
-            tuple(job.job_id for job in jobs),
-            None if callback is None else callback.job_id,
-        )
+        prepared = prepare_batch(self.registry, requests, on_complete, unique_key)
         try:
-            written = self._write(
-                [*jobs, *([callback] if callback else [])],
-                tx,
-                within_quota=within_quota,
-                batch=batch,
+            written = self.writer.write(
+                prepared.jobs, tx, within_quota=within_quota, batch=prepared.batch
             )
-        except _BatchRepeated as repeated:
-            return self._made_batch(str(repeated.args[0]), household_id)
+        except BatchRepeated as repeated:
+            return self._made_batch(str(repeated.args[0]), prepared.batch.household_id)
         return Batched(
-            batch.batch_id, [e.job_id for e in written[: len(jobs)]], batch.callback_job_id
+            prepared.batch.batch_id,
+            [e.job_id for e in written[: len(prepared.members)]],
+            prepared.batch.callback_job_id,
         )
 
     def _made_batch(self, first_member: str, household_id: int) -> Batched:
@@ -270,157 +191,13 @@ class JobService:
             created=False,
         )
 
-    def _write(
-        self,
-        jobs: list[NewJob],
-        tx: Transaction | None,
-        *,
-        within_quota: bool = True,
-        batch: NewBatch | None = None,
-    ) -> list[Enqueued]:
-        """Insert the jobs in one transaction (with what they depend on, and
-        their batch), then hold each household that got a new job to its
-        quota in that same transaction: a repeat that an idempotency key
-        answers makes nothing and so is never refused. This process's pool
-        is woken once the jobs are committed."""
-
-        def insert(tx: Transaction) -> list[Enqueued]:
-            done = enqueueing.insert_all(tx, self.store.jobs, jobs)
-            if batch is not None and not done[0].created:
-                # Its first member's key is held: the batch was made already.
-                raise _BatchRepeated(done[0].job_id)
-            waiting = [
-                job
-                for job, enqueued in zip(jobs, done, strict=True)
-                if enqueued.created and job.depends_on
-            ]
-            if waiting:
-                self._add_dependencies(tx, jobs, waiting)
-            if batch is not None:
-                self.store.batches.insert_batch(tx, batch)
-            if within_quota:
-                grown = {
-                    job.household_id
-                    for job, enqueued in zip(jobs, done, strict=True)
-                    if enqueued.created
-                }
-                for household_id in sorted(grown):  # one lock order for every writer
-                    # A batch's callback is the service's own job.
-                    spared = int(batch is not None and batch.callback_job_id is not None)
-                    self._check_quota(tx, household_id, spared)
-            if any(enqueued.created for enqueued in done):
-                tx.after_commit(self._wake_pool)
-            return done
-
-        try:
-            return insert(tx) if tx is not None else self._write_again_if_dropped(insert, jobs)
-        except _AtQuota as error:
-            raise TooManyJobs(self.quota_retry_after(error.args[0])) from None
-
-    def _write_again_if_dropped(
-        self, insert: Callable[[Transaction], list[Enqueued]], jobs: list[NewJob]
-    ) -> list[Enqueued]:
-        """The enqueue's transaction, tried again on a new connection when
-        the database dropped the one it had (a killed backend, a restart, a
-        failover), for `_REENQUEUE_SECONDS` at most; then StoreUnavailable
-        goes to the caller (`503`).
-
-        Safe because the job ids are made before the insert: a transaction
-        that failed before its COMMIT wrote nothing, and one whose COMMIT's
-        answer was lost (WriteOutcomeUnknown) is looked for by its ids: found,
-        it is answered as it committed, never inserted twice. A lock that
-        stayed taken (StoreBusy: its wait is already spent), a storage fault
-        and a store that can no longer write are not tried again."""
-        deadline = time.monotonic() + _REENQUEUE_SECONDS
-        delay = _REENQUEUE_FIRST_DELAY_SECONDS
-        unsure = False  # a COMMIT's answer was lost: look for the jobs first
-        while True:
-            try:
-                if unsure:
-                    committed = self._committed(jobs)
-                    if committed is not None:
-                        return committed
-                if len(jobs) == 1:
-                    # A single enqueue, what a request waits for: at once where
-                    # the driver can (SQLite: on the hub, the lock free).
-                    return self.store.write_now(insert)
-                return self.store.write(insert)
-            except (StoreBusy, StorageFault, StoreBroken):
-                raise
-            except WriteOutcomeUnknown:
-                unsure, why = True, "its commit's answer was lost"
-            except StoreUnavailable:
-                why = "the database dropped its connection"
-            if time.monotonic() + delay > deadline:
-                raise StoreUnavailable()
-            logger.warning("an enqueue of %d jobs: %s; trying again", len(jobs), why)
-            gevent.sleep(delay)
-            delay = min(delay * 2, _REENQUEUE_MAX_DELAY_SECONDS)
-
-    def _committed(self, jobs: list[NewJob]) -> list[Enqueued] | None:
-        """What an enqueue whose COMMIT's answer was lost did, if it committed:
-        None if none of its new jobs exists (then it wrote nothing that a
-        second try could repeat: a job with an idempotency key that a holder
-        answered makes no row, and answers the same again)."""
-        found = self.store.read(self.store.jobs.changed_jobs, {job.job_id: 0 for job in jobs})
-        present = {job_id for job_id, job in found.items() if job is not None}
-        if not present:
-            return None
-
-        def holders(tx: Transaction) -> list[Enqueued]:
-            answers = []
-            for job in jobs:
-                if job.job_id in present or job.unique_key is None:
-                    answers.append(Enqueued(job.job_id))
-                    continue
-                holder = self.store.jobs.holder_of_key(
-                    tx, household_id=job.household_id, unique_key=job.unique_key
-                )
-                answers.append(
-                    Enqueued(job.job_id) if holder is None else Enqueued(holder[0], created=False)
-                )
-            return answers
-
-        return self.store.write(holders)
-
-    def _add_dependencies(self, tx: Transaction, jobs: list[NewJob], waiting: list[NewJob]) -> None:
-        """Record what the waiting jobs depend on, once each of those is found
-        to be a job of their household (ValidationError under the item's
-        index otherwise, which rolls the whole enqueue back)."""
-        errors: dict[int, Any] = {}
-        index = {job.job_id: position for position, job in enumerate(jobs)}
-        for job in waiting:
-            missing = self.store.batches.missing_jobs(tx, job.household_id, job.depends_on)
-            if missing:
-                errors[index[job.job_id]] = {
-                    "depends_on": [
-                        f"no job {job_id} in this household" for job_id in sorted(missing)
-                    ]
-                }
-        if errors:
-            raise ValidationError(errors)
-        self.store.batches.insert_dependencies(tx, waiting)
-
     def batch(self, batch_id: str, *, household_id: int | None = None) -> Batch | None:
         """The batch (of that household; any household's with None), or None."""
         return self.store.read(self.store.batches.get_batch, batch_id, household_id)
 
-    def _check_quota(self, tx: Transaction, household_id: int, spared: int = 0) -> None:
-        """Refuse (rolling the transaction back) a household past its quota,
-        not counting `spared` of its jobs (the service's own follow-ups).
-
-        Counted after the household's new jobs were inserted, in their
-        transaction, once the driver has made the count hold until it
-        commits (see `count_pending`)."""
-        allowed = self.max_pending_per_household + spared
-        pending = self.store.jobs.count_pending(tx, household_id, allowed + 1)
-        if pending > allowed:
-            raise _AtQuota(household_id)
-
     def quota_retry_after(self, household_id: int) -> int:
         """Seconds after which a household at its quota may find a place free (an estimate)."""
-        running, mean = self.store.read(self.store.jobs.household_load, household_id)
-        return quota.retry_after(running, mean)
+        return self.writer.quota_retry_after(household_id)
 
     def cancel(self, job_id: str, household_id: int | None = None) -> Job | None:
         """Cancel a job (of that household; any household's with None, for operators).

@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import EXCLUDE, Schema, fields, validate
 
 from mealquest.ascii_numbers import DecimalField
-from mealquest.jobs.standing import POSITION_COUNTED, WaitingFor
+from mealquest.jobs.service.standing import POSITION_COUNTED, WaitingFor
 from mealquest.model.jobs import Job, Status
 from mealquest.pagination import PageQuerySchema
 

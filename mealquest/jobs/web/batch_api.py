@@ -1,6 +1,6 @@
 """`/api/v1/batches`: a household watches its own batches, and only its own.
 
-A batch answers as a job does (`mealquest.jobs.api`): its `ETag` is its
+A batch answers as a job does (`mealquest.jobs.web.api`): its `ETag` is its
 version, `If-None-Match` with `wait` holds the request until one of its
 jobs changes, and `/events` streams it. Held requests count with the
 household's streams and the process's, as a job's do.
@@ -9,31 +9,34 @@ household's streams and the process's, as a job's do.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from flask import Blueprint, Flask, Response, current_app, request
+from flask import Blueprint, Flask, current_app, request
 from flask.typing import ResponseReturnValue
-from marshmallow import ValidationError
+from gevent.queue import Empty, Queue
 
-from mealquest.auth import bearer_token, current_household, refuse_suspended, refuse_token
+from mealquest.auth import current_household, refuse_suspended, refuse_token
 from mealquest.errors import APIError, not_found
 from mealquest.extensions import get_store
-from mealquest.households import digest_of_wellformed
-from mealquest.jobs import events
-from mealquest.jobs.api import (
-    IF_NONE_MATCH_MAX_LENGTH,
-    etag_headers,
-    if_none_match_parameter,
-    last_event_id_parameter,
-)
-from mealquest.jobs.batch_events import BatchEventStream, batch_changed, watch_batch
-from mealquest.jobs.batch_schemas import BATCH_ID_PATTERN, BatchPathSchema, BatchSchema, dump_batch
-from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyStreams
-from mealquest.jobs.live import Live, get_live
-from mealquest.jobs.schemas import JobWaitQuerySchema
 from mealquest.jobs.service import get_jobs
-from mealquest.jobs.watcher import TOKEN, Credential, WatcherClosed
+from mealquest.jobs.service.live import get_live
+from mealquest.jobs.service.watcher import (
+    ENDED,
+    STOPPING,
+    Credential,
+    JobWatcher,
+    Watch,
+    WatcherClosed,
+)
+from mealquest.jobs.web import conditional, events
+from mealquest.jobs.web.batch_schemas import (
+    BATCH_ID_PATTERN,
+    BatchPathSchema,
+    BatchSchema,
+    dump_batch,
+)
+from mealquest.jobs.web.schemas import JobWaitQuerySchema
 from mealquest.model.batches import Batch, BatchStatus
-from mealquest.model.households import Household
 from mealquest.openapi import operation
 
 bp = Blueprint("batches", __name__, url_prefix="/batches")
@@ -42,11 +45,10 @@ _path_schema = BatchPathSchema()
 _batch_id = re.compile(BATCH_ID_PATTERN)
 _batch_schema = BatchSchema()
 _wait_schema = JobWaitQuerySchema()
-_last_event_id = re.compile(events.LAST_EVENT_ID_PATTERN)
 
-ETAG_HEADERS = etag_headers("batch")
-IF_NONE_MATCH_PARAMETER = if_none_match_parameter("batch", "one of its jobs changes")
-LAST_EVENT_ID_PARAMETER = last_event_id_parameter("batch")
+ETAG_HEADERS = conditional.etag_headers("batch")
+IF_NONE_MATCH_PARAMETER = conditional.if_none_match_parameter("batch", "one of its jobs changes")
+LAST_EVENT_ID_PARAMETER = events.last_event_id_parameter("batch")
 
 
 def _read(batch_id: str, household_id: int) -> Batch:
@@ -60,9 +62,46 @@ def _read(batch_id: str, household_id: int) -> Batch:
 
 
 def _credential() -> Credential:
-    digest = digest_of_wellformed(bearer_token())
-    assert digest is not None  # the API's hook let a live token of ours through
-    return Credential(TOKEN, digest)
+    credential = conditional.token_credential()
+    assert credential is not None  # the API's hook let a live token of ours through
+    return credential
+
+
+def watch_batch(watcher: JobWatcher, batch: Batch, credential: Credential | None) -> list[Watch]:
+    """One watch per job of the batch (and its callback), all into one inbox:
+    the process's one watcher still does all the reading of changes."""
+    inbox: Queue = Queue()
+    watched = batch.members + ((batch.callback,) if batch.callback else ())
+    watches: list[Watch] = []
+    try:
+        for member in watched:
+            watches.append(watcher.watch(member.job_id, member.version, credential, inbox))
+    except Exception:
+        for watch in watches:
+            watcher.unwatch(watch)
+        raise
+    return watches
+
+
+def batch_changed(
+    watcher: JobWatcher, batch: Batch, seconds: float, credential: Credential | None
+) -> bool:
+    """Wait until a job of the batch changes, the credential ends, or `seconds`
+    pass; whether to read the batch again."""
+    watches = watch_batch(watcher, batch, credential)
+    try:
+        try:
+            kind, why = watches[0].inbox.get(timeout=seconds)
+        except Empty:
+            return False
+        return bool(kind != ENDED or why != STOPPING)
+    finally:
+        for watch in watches:
+            watcher.unwatch(watch)
+
+
+def is_finished(batch: Batch) -> bool:
+    return batch.status is BatchStatus.FINISHED
 
 
 @bp.get("/<batch_id>")
@@ -84,21 +123,25 @@ def get_batch(batch_id: str) -> ResponseReturnValue:
     long poll is.
     """
     wait = _wait_schema.load(request.args)["wait"] if request.args else None
-    if len(request.headers.get("If-None-Match", "")) > IF_NONE_MATCH_MAX_LENGTH:
-        raise ValidationError(
-            {"If-None-Match": [f"must be at most {IF_NONE_MATCH_MAX_LENGTH} characters"]}
-        )
+    conditional.check_if_none_match()
     household = current_household()
     batch = _read(batch_id, household.id)
-    if _not_modified(batch):
+    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+    if conditional.not_modified(batch.version):
         live = get_live()
+        held = batch
         # A finished batch cannot change: its long poll is answered at once.
         if (
             wait is None
-            or batch.status is BatchStatus.FINISHED
-            or not _changed(live, household, batch, min(wait, live.max_seconds))
+            or is_finished(batch)
+            or not conditional.hold(
+                live,
+                household.id,
+                wait,
+                lambda seconds: batch_changed(live.watcher, held, seconds, _credential()),
+            )
         ):
-            return _unchanged(batch)
+            return conditional.unchanged(app, batch.version)
         # Held: the token or the household may have gone meanwhile.
         store = get_store()
         again = store.read(store.households.household_for_token_digest, _credential().digest)
@@ -107,38 +150,11 @@ def get_batch(batch_id: str) -> ResponseReturnValue:
         if again.suspended:
             return refuse_suspended()
         batch = _read(batch_id, household.id)
-        if _not_modified(batch):
-            return _unchanged(batch)
-    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+        if conditional.not_modified(batch.version):
+            return conditional.unchanged(app, batch.version)
     answer = app.json.response(dump_batch(batch))
-    answer.headers["ETag"] = f'"{batch.version}"'
+    answer.headers["ETag"] = conditional.etag(batch.version)
     return answer
-
-
-def _not_modified(batch: Batch) -> bool:
-    tags = request.if_none_match
-    return bool(tags) and tags.contains_weak(str(batch.version))
-
-
-def _unchanged(batch: Batch) -> Response:
-    app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
-    answer: Response = app.response_class(status=304)
-    answer.headers["ETag"] = f'"{batch.version}"'
-    return answer
-
-
-def _changed(live: Live, household: Household, batch: Batch, seconds: float) -> bool:
-    """Hold a long poll (see `mealquest.jobs.api`'s); whether to read again."""
-    try:
-        place = live.places.take(household.id)
-    except (TooManyStreams, ProcessHoldsTooMany):
-        return False
-    try:
-        return batch_changed(live.watcher, batch, seconds, _credential())
-    except WatcherClosed:
-        return False
-    finally:
-        live.places.release(place)
 
 
 @bp.get("/<batch_id>/events")
@@ -159,10 +175,7 @@ def batch_events(batch_id: str) -> ResponseReturnValue:
     and once the batch is finished (every job and the callback final) an
     event `end`. It ends, and is counted, as a job's stream is.
     """
-    value = request.headers.get(events.LAST_EVENT_ID)
-    if value is not None and not _last_event_id.fullmatch(value):
-        raise ValidationError({events.LAST_EVENT_ID: ["must be an event's id: a version"]})
-    last = None if value is None else int(value)
+    last = events.last_seen_version()
     household = current_household()
     batch = _read(batch_id, household.id)
     live = get_live()
@@ -174,21 +187,24 @@ def batch_events(batch_id: str) -> ResponseReturnValue:
         raise APIError(503, "unavailable", "the service is restarting; try again") from None
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
 
-    def read() -> Batch | None:
+    def follow(inbox: Queue, what: str, _value: Any) -> Batch | None:
+        """The batch as it now is, read once for whatever changed meanwhile
+        (a change to any of its jobs; two read together make one event)."""
+        while what != ENDED and not inbox.empty():
+            what, _value = inbox.get()
+        if what == ENDED:
+            return None  # the worker stops, or the credential was revoked
         with app.app_context():
             return get_jobs(app).batch(batch.id, household_id=household.id)
 
-    stream = BatchEventStream(
+    return events.stream_response(
+        live,
         batch,
         watches,
-        live.watcher,
-        read=read,
         render=dump_batch,
         send_first=last is None or batch.version > last,
-        heartbeat_seconds=live.heartbeat_seconds,
-        max_seconds=live.max_seconds,
-        send_timeout_seconds=live.send_timeout_seconds,
-        writes_each_chunk=events.served_by_gunicorn(request.environ),
         on_close=lambda: live.places.release(place),
+        name="batch",
+        is_final=is_finished,
+        follow=follow,
     )
-    return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)

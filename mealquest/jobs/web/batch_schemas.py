@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from mealquest.jobs.schemas import JOB_ID_PATTERN, moment_field
+from mealquest.jobs.web.schemas import JOB_ID_PATTERN, moment_field
 from mealquest.model.batches import Batch, BatchStatus
 from mealquest.model.jobs import Status
 

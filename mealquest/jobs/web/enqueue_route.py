@@ -19,11 +19,11 @@ from marshmallow import Schema, ValidationError
 
 from mealquest.auth import current_household
 from mealquest.errors import APIError, not_found
-from mealquest.jobs.answers import job_answer
 from mealquest.jobs.enqueueing import UNIQUE_KEY_PATTERN, UNIQUE_KEY_RULE, Enqueued
 from mealquest.jobs.errors import IdempotencyKeyReused
-from mealquest.jobs.schemas import JobSchema
 from mealquest.jobs.service import get_jobs
+from mealquest.jobs.web.answers import job_answer
+from mealquest.jobs.web.schemas import JobSchema
 from mealquest.openapi import operation
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"

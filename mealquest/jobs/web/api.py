@@ -8,7 +8,6 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, request
 from flask.blueprints import BlueprintSetupState
 from flask.typing import ResponseReturnValue
-from marshmallow import ValidationError
 
 from mealquest.auth import (
     authenticated_as,
@@ -21,11 +20,13 @@ from mealquest.auth import (
 from mealquest.errors import APIError, conflict, error_response, not_found
 from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
-from mealquest.jobs import events
-from mealquest.jobs.answers import job_answer, job_dumper
 from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyJobs, TooManyStreams
-from mealquest.jobs.live import Live, get_live
-from mealquest.jobs.schemas import (
+from mealquest.jobs.service import get_jobs
+from mealquest.jobs.service.live import get_live
+from mealquest.jobs.service.watcher import TOKEN, Credential, WatcherClosed, wait_for_version
+from mealquest.jobs.web import conditional, events
+from mealquest.jobs.web.answers import job_answer, job_dumper
+from mealquest.jobs.web.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
     JobListSchema,
@@ -34,8 +35,6 @@ from mealquest.jobs.schemas import (
     JobWaitQuerySchema,
     dump_job,
 )
-from mealquest.jobs.service import get_jobs
-from mealquest.jobs.watcher import TOKEN, Credential, WatcherClosed, wait_for_version
 from mealquest.model.households import Household
 from mealquest.model.jobs import FINAL_STATUSES, Job, Status
 from mealquest.openapi import operation
@@ -88,7 +87,6 @@ _job_schema = JobSchema()
 _list_schema = JobListSchema()
 _query_schema = JobListQuerySchema()
 _wait_schema = JobWaitQuerySchema()
-_last_event_id = re.compile(events.LAST_EVENT_ID_PATTERN)
 
 
 # Answers of `GET /jobs/<id>` a process gives again while nothing commits:
@@ -99,7 +97,7 @@ LARGEST_BODY_KEPT = 64 * 1024
 # A queued job's place in line is kept as long as nothing commits, and a
 # second at most: time moves it too (a job falls due, an estimate ages).
 QUEUE_KEPT_SECONDS = 1.0
-_ANSWERS_KEY = "mealquest.jobs.answers"
+_ANSWERS_KEY = "mealquest.jobs.web.answers"
 _QUEUES_KEY = "mealquest.jobs.queues"
 
 # An answer: the token's household (None: no live token), the household's job
@@ -107,53 +105,9 @@ _QUEUES_KEY = "mealquest.jobs.queues"
 # queued job, whose place in line is added per answer).
 _Answer = tuple[Household | None, Job | None, bytes | None]
 
-# Far above any list of our tags a client keeps; a longer header is refused
-# rather than parsed.
-IF_NONE_MATCH_MAX_LENGTH = 1000
-
-
-def etag_headers(what: str) -> dict[str, dict[str, Any]]:
-    """The `ETag` answer header of `what` ("job", "batch") in the document."""
-    return {
-        "ETag": {
-            "description": (
-                f'the {what}\'s version, quoted (`"7"`): send it back as `If-None-Match`'
-            ),
-            "required": True,
-            "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
-        }
-    }
-
-
-def if_none_match_parameter(what: str, changes: str) -> dict[str, Any]:
-    """The `If-None-Match` parameter of `what`, which `changes` wakes a long poll."""
-    return {
-        "name": "If-None-Match",
-        "required": False,
-        "description": (
-            f"the `ETag` of the version the client has: `304` while the {what} is still at it "
-            f"(with `wait`, once {changes} or the wait is over)"
-        ),
-        "schema": {"type": "string", "maxLength": IF_NONE_MATCH_MAX_LENGTH},
-    }
-
-
-def last_event_id_parameter(what: str) -> dict[str, Any]:
-    """The `Last-Event-ID` parameter of `what`'s event stream."""
-    return {
-        "name": events.LAST_EVENT_ID,
-        "required": False,
-        "description": (
-            f"the `id` (the {what}'s version) of the last event the client has: the current "
-            "state is sent only if it is newer"
-        ),
-        "schema": {"type": "string", "pattern": events.LAST_EVENT_ID_PATTERN},
-    }
-
-
-ETAG_HEADERS = etag_headers("job")
-IF_NONE_MATCH_PARAMETER = if_none_match_parameter("job", "the job changes")
-LAST_EVENT_ID_PARAMETER = last_event_id_parameter("job")
+ETAG_HEADERS = conditional.etag_headers("job")
+IF_NONE_MATCH_PARAMETER = conditional.if_none_match_parameter("job", "the job changes")
+LAST_EVENT_ID_PARAMETER = events.last_event_id_parameter("job")
 
 
 @bp.record_once
@@ -205,10 +159,7 @@ def get_job(job_id: str) -> ResponseReturnValue:
             return refused
         raise not_found("job not found")
     wait = _wait_schema.load(request.args)["wait"] if request.args else None
-    if len(request.headers.get("If-None-Match", "")) > IF_NONE_MATCH_MAX_LENGTH:
-        raise ValidationError(
-            {"If-None-Match": [f"must be at most {IF_NONE_MATCH_MAX_LENGTH} characters"]}
-        )
+    conditional.check_if_none_match()
     app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
     household, job, body = _answer(app, job_id, header)
     if household is None:
@@ -218,15 +169,10 @@ def get_job(job_id: str) -> ResponseReturnValue:
     authenticated_as(household)
     if job is None:
         raise not_found("job not found")
-    if _not_modified(job):
-        live = get_live(app)
+    if conditional.not_modified(job.version):
         # A final job cannot change: its long poll is answered at once.
-        if (
-            wait is None
-            or job.status in FINAL_STATUSES
-            or not _changed(live, household, job, min(wait, live.max_seconds))
-        ):
-            return _unchanged(app, job)
+        if wait is None or job.status in FINAL_STATUSES or not _changed(app, household, job, wait):
+            return conditional.unchanged(app, job.version)
         household, job, body = _answer(app, job_id, header)
         if household is None:
             return refuse_token()
@@ -234,14 +180,14 @@ def get_job(job_id: str) -> ResponseReturnValue:
             return refuse_suspended()
         if job is None:
             raise not_found("job not found")
-        if _not_modified(job):
-            return _unchanged(app, job)
+        if conditional.not_modified(job.version):
+            return conditional.unchanged(app, job.version)
     if body is None:
         queues: ReadCache[tuple[str, int], dict[str, Any] | None] = app.extensions[_QUEUES_KEY]
         queue = queues.get((job.id, job.version), lambda: get_live(app).standings.queue(job))
         body = _encoded(app, dump_job(job, queue))
     answer: Response = app.response_class(body, mimetype="application/json")
-    answer.headers["ETag"] = _etag(job)
+    answer.headers["ETag"] = conditional.etag(job.version)
     return answer
 
 
@@ -273,38 +219,16 @@ def _encoded(app: Flask, body: dict[str, Any]) -> bytes:
     return response.get_data()
 
 
-def _etag(job: Job) -> str:
-    return f'"{job.version}"'
-
-
-def _not_modified(job: Job) -> bool:
-    tags = request.if_none_match
-    return bool(tags) and tags.contains_weak(str(job.version))
-
-
-def _changed(live: Live, household: Household, job: Job, seconds: float) -> bool:
+def _changed(app: Flask, household: Household, job: Job, seconds: float) -> bool:
     """Hold a long poll until the job has another version, its token or
-    household may no longer read it, or `seconds` pass; whether to read again.
-    A long poll the household's or the process's held requests leave no room
-    for is not held: it is answered at once, as without `wait`."""
-    try:
-        place = live.places.take(household.id)
-    except (TooManyStreams, ProcessHoldsTooMany):
-        return False
-    digest = digest_of_wellformed(bearer_token())
-    credential = None if digest is None else Credential(TOKEN, digest)
-    try:
-        return wait_for_version(live.watcher, job, seconds, credential)
-    except WatcherClosed:
-        return False  # the worker is stopping: answer now, the client asks again
-    finally:
-        live.places.release(place)
-
-
-def _unchanged(app: Flask, job: Job) -> Response:
-    answer: Response = app.response_class(status=304)
-    answer.headers["ETag"] = _etag(job)
-    return answer
+    household may no longer read it, or `seconds` pass; whether to read again."""
+    live, credential = get_live(app), conditional.token_credential()
+    return conditional.hold(
+        live,
+        household.id,
+        seconds,
+        lambda held: wait_for_version(live.watcher, job, held, credential),
+    )
 
 
 @bp.get("/<job_id>/events")
@@ -331,7 +255,7 @@ def job_events(job_id: str) -> ResponseReturnValue:
     may hold is `503 unavailable`, both with `Retry-After`. A client that
     stops reading is dropped after `MEALQUEST_STREAM_SEND_TIMEOUT_SECONDS`.
     """
-    last = _last_seen_version()
+    last = events.last_seen_version()
     household = current_household()
     job = get_jobs().get(job_id, household_id=household.id) if _job_id.match(job_id) else None
     if job is None:
@@ -351,29 +275,14 @@ def job_events(job_id: str) -> ResponseReturnValue:
         with app.app_context():
             return job_answer(changed)
 
-    stream = events.EventStream(
+    return events.stream_response(
+        live,
         job,
         watch,
-        live.watcher,
         render=render,
         send_first=last is None or job.version > last,
-        heartbeat_seconds=live.heartbeat_seconds,
-        max_seconds=live.max_seconds,
-        send_timeout_seconds=live.send_timeout_seconds,
-        writes_each_chunk=events.served_by_gunicorn(request.environ),
         on_close=lambda: live.places.release(place),
     )
-    return Response(stream, mimetype=events.MEDIA_TYPE, headers=events.STREAM_HEADERS)
-
-
-def _last_seen_version() -> int | None:
-    """The request's `Last-Event-ID`, checked (ValidationError naming the header)."""
-    value = request.headers.get(events.LAST_EVENT_ID)
-    if value is None:
-        return None
-    if not _last_event_id.fullmatch(value):
-        raise ValidationError({events.LAST_EVENT_ID: ["must be an event's id: a version"]})
-    return int(value)
 
 
 @bp.get("")

@@ -37,8 +37,8 @@ from typing import Any
 
 from mealquest.clock import from_text, to_text
 from mealquest.db.driver import Store
-from mealquest.jobs import flow
 from mealquest.jobs.registry import Registry
+from mealquest.jobs.service import flow
 from mealquest.model.jobs import WAITING_RUN_AT, Job, Status
 from mealquest.model.processes import ProcessEntry
 from mealquest.model.queue import Standing

@@ -33,12 +33,12 @@ from mealquest.db.driver import Store
 from mealquest.db.errors import StoreError
 from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyStreams
 from mealquest.jobs.service import get_jobs
-from mealquest.jobs.standing import Standings
-from mealquest.jobs.watcher import JobWatcher
+from mealquest.jobs.service.standing import Standings
+from mealquest.jobs.service.watcher import JobWatcher
 
 logger = logging.getLogger(__name__)
 
-LIVE_KEY = "mealquest.jobs.live"
+LIVE_KEY = "mealquest.jobs.service.live"
 # A stream's row counts for this many heartbeats after its last renewal.
 _HEARTBEATS_COUNTED = 3
 # When a stream refused for the process's cap is told to come back.

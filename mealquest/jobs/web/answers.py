@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mealquest.jobs.live import get_live
-from mealquest.jobs.schemas import dump_job
+from mealquest.jobs.service.live import get_live
+from mealquest.jobs.web.schemas import dump_job
 from mealquest.model.jobs import Job
 
 
