@@ -187,90 +187,96 @@ def _version() -> str:
 def _operation_dict(endpoint: str, view: Callable[..., Any], op: Operation) -> dict[str, Any]:
     doc = (view.__doc__ or "").strip()
     first_line, _, description = doc.partition("\n")
-    content: dict[str, Any] = {"application/json": {"schema": op.response}}
-    if op.media_type != "application/json":
-        content = {
-            op.media_type: {
-                # Before OpenAPI 3.2 a stream's schema describes each of its
-                # events (the comment lines between them are not events).
-                "schema": {
-                    "type": "object",
-                    "description": (
-                        f"one event: `{op.event}`, whose data is a "
-                        f"`{_schema_name(op.response)}`, "
-                        "or the last, `end`, whose data is the final `id` and `status`"
-                    ),
-                    "required": ["event", "id", "data"],
-                    "properties": {
-                        "event": {"type": "string", "enum": [op.event, "end"]},
-                        "id": {"type": "string", "pattern": "^[0-9]+$"},
-                        "data": {"type": "string", "description": "JSON"},
-                    },
-                }
-            }
-        }
     body: dict[str, Any] = {
         "operationId": endpoint,
         "summary": op.summary or first_line.strip() or endpoint,
-        "parameters": [],
-        "responses": {
-            str(op.status): {
-                "description": "success",
-                "content": content,
-                **({"headers": op.response_headers} if op.response_headers else {}),
-            }
-        },
+        "responses": _success_responses(op),
     }
-    for status, meaning in op.also.items():
-        body["responses"][str(status)] = {
-            "description": meaning,
-            "content": content,
-            **({"headers": op.response_headers} if op.response_headers else {}),
-        }
-    if op.not_modified:
-        body["responses"]["304"] = {
-            "description": "it has not changed from the version `If-None-Match` names",
-            **({"headers": op.response_headers} if op.response_headers else {}),
-        }
     if description.strip():
         body["description"] = description.strip()
-    if op.path is not None:
-        body["parameters"].append({"in": "path", "schema": op.path})
-    if op.query is not None:
-        body["parameters"].append({"in": "query", "schema": op.query})
-    for header in op.headers:
-        body["parameters"].append({"in": "header", **header})
+    parameters = [
+        *([{"in": "path", "schema": op.path}] if op.path is not None else []),
+        *([{"in": "query", "schema": op.query}] if op.query is not None else []),
+        *({"in": "header", **header} for header in op.headers),
+    ]
+    if parameters:
+        body["parameters"] = parameters
     if op.body is not None:
         body["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": op.body}},
         }
     for status in op.error_statuses():
-        answer: dict[str, Any] = {
-            "description": _ERROR_DESCRIPTIONS.get(status, "error"),
-            "content": {"application/json": {"schema": "Error"}},
-        }
-        if status == 401:
-            answer["headers"] = {
-                "WWW-Authenticate": {
-                    "description": "the scheme to authenticate with",
-                    "required": True,
-                    "schema": {"type": "string"},
-                }
-            }
-        if status in (429, 503):
-            answer["headers"] = {
-                "Retry-After": {
-                    "description": "seconds to wait before trying again",
-                    "required": True,
-                    "schema": {"type": "integer", "minimum": 0},
-                }
-            }
-        body["responses"][str(status)] = answer
+        body["responses"][str(status)] = _error_response(status)
     body["security"] = [{SECURITY_SCHEME: []}] if op.authenticated else []
-    if not body["parameters"]:
-        del body["parameters"]
     return body
+
+
+def _success_responses(op: Operation) -> dict[str, Any]:
+    """The operation's answers that are not errors: its status, those it
+    also answers with, and `304` for a conditional read."""
+    headers = {"headers": op.response_headers} if op.response_headers else {}
+    content = _content(op)
+    responses: dict[str, Any] = {
+        str(op.status): {"description": "success", "content": content, **headers}
+    }
+    for status, meaning in op.also.items():
+        responses[str(status)] = {"description": meaning, "content": content, **headers}
+    if op.not_modified:
+        responses["304"] = {
+            "description": "it has not changed from the version `If-None-Match` names",
+            **headers,
+        }
+    return responses
+
+
+def _content(op: Operation) -> dict[str, Any]:
+    if op.media_type == "application/json":
+        return {"application/json": {"schema": op.response}}
+    return {
+        op.media_type: {
+            # Before OpenAPI 3.2 a stream's schema describes each of its
+            # events (the comment lines between them are not events).
+            "schema": {
+                "type": "object",
+                "description": (
+                    f"one event: `{op.event}`, whose data is a "
+                    f"`{_schema_name(op.response)}`, "
+                    "or the last, `end`, whose data is the final `id` and `status`"
+                ),
+                "required": ["event", "id", "data"],
+                "properties": {
+                    "event": {"type": "string", "enum": [op.event, "end"]},
+                    "id": {"type": "string", "pattern": "^[0-9]+$"},
+                    "data": {"type": "string", "description": "JSON"},
+                },
+            }
+        }
+    }
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": _ERROR_DESCRIPTIONS.get(status, "error"),
+        "content": {"application/json": {"schema": "Error"}},
+    }
+    if status == 401:
+        answer["headers"] = {
+            "WWW-Authenticate": {
+                "description": "the scheme to authenticate with",
+                "required": True,
+                "schema": {"type": "string"},
+            }
+        }
+    if status in (429, 503):
+        answer["headers"] = {
+            "Retry-After": {
+                "description": "seconds to wait before trying again",
+                "required": True,
+                "schema": {"type": "integer", "minimum": 0},
+            }
+        }
+    return answer
 
 
 # The operators' routes (the Prometheus scrape, the dashboard's pages) take an

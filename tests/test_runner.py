@@ -16,7 +16,7 @@ from marshmallow import Schema, ValidationError, fields, post_load
 
 from mealquest.clock import to_text, utc_now
 from mealquest.db.errors import StoreUnavailable
-from mealquest.db.postgresql.jobs import _CAP_LOCK_CLASS as _CAP_LOCK
+from mealquest.db.postgresql.claim import _CAP_LOCK_CLASS as _CAP_LOCK
 from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing
 from mealquest.jobs.errors import PoolAlreadyStarted, RegistrationError, UnknownKind

@@ -18,69 +18,34 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from mealquest.clock import to_text
-from mealquest.db import claiming, listing, outcomes, standing
-from mealquest.db import partitions as flow
+from mealquest.db import listing, outcomes, standing
 from mealquest.db.driver import Reads, Transaction
-from mealquest.db.postgresql import partitions as limits_sql
 from mealquest.db.postgresql import standing as standing_reads
+from mealquest.db.postgresql.claim import claim as claim
+from mealquest.db.postgresql.claim import has_due_job as has_due_job
+from mealquest.db.postgresql.job_rows import COLUMNS, NEXT_VERSION, NOW, qualified, to_job
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
-    MIN_PRIORITY,
     Attempt,
-    ClaimRequest,
     HeldLease,
     Job,
     Lease,
     LogLine,
     NewJob,
-    PartitionLimits,
     Recovered,
     Status,
     Transition,
     check_transition,
 )
 from mealquest.model.queue import Standing
-
-_COLUMNS = (
-    "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
-    "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, "
-    "partition_key, version"
-)
-# Every statement that changes what a household sees of a job sets its next
-# version itself (the migration's trigger catches any other write).
-_NEXT_VERSION = "version = jobs.version + 1"
-# The claim's order: priority (lower first), then due time, then insertion order.
-CLAIM_ORDER = "priority, run_at, seq"
-_TIMES = (
-    "run_at",
-    "lease_expires_at",
-    "created_at",
-    "updated_at",
-    "started_at",
-    "finished_at",
-    "cancel_requested_at",
-)
-# The moment a statement acts at: the transaction's start, or a test's.
-_NOW = "coalesce(%(now)s::timestamptz, now())"
-
-
-def _job(row: dict[str, Any]) -> Job:
-    """A row as `Job` has it on every driver: times as fixed-width UTC text."""
-    values = dict(row)
-    for column in _TIMES:
-        if values[column] is not None:
-            values[column] = to_text(values[column])
-    return Job.from_row(values)
 
 
 def _lease_arrays(leases: Iterable[Lease]) -> dict[str, list[Any]]:
@@ -103,7 +68,7 @@ _FENCE_ON_LEASES = (
     "jobs.id = lease.id AND jobs.status = 'running' AND jobs.lease_owner = lease.owner "
     "AND jobs.attempt = lease.attempt"
 )
-_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), {_NEXT_VERSION}"
+_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), {NEXT_VERSION}"
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -230,7 +195,7 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
         "finished_at = CASE status WHEN 'queued' THEN now() ELSE finished_at END, "
         "cancel_requested_at = CASE status WHEN 'running' "
         "THEN coalesce(cancel_requested_at, now()) ELSE cancel_requested_at END, "
-        f"updated_at = now(), {_NEXT_VERSION} "
+        f"updated_at = now(), {NEXT_VERSION} "
         "WHERE id = %(id)s AND (status = 'queued' "
         "OR (status = 'running' AND cancel_requested_at IS NULL)) "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
@@ -248,7 +213,7 @@ def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> 
         "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
         "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
-        f"run_at = now(), updated_at = now(), {_NEXT_VERSION} "
+        f"run_at = now(), updated_at = now(), {NEXT_VERSION} "
         "WHERE id = %(id)s AND status IN ('failed', 'cancelled') "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
         {"id": job_id, "household_id": household_id},
@@ -272,309 +237,9 @@ def cancel_requested(tx: Transaction, leases: Iterable[Lease]) -> set[str]:
     return {row["id"] for row in rows}
 
 
-# Advisory locks (class, key) the claim takes for kinds with a deployment-wide cap.
-_CAP_LOCK_CLASS = int.from_bytes(b"mqcp", "big") - (1 << 31)
-
-
-def _most_of_kind(
-    kinds: list[str], limits: Mapping[str, int], caps: Mapping[str, int]
-) -> tuple[str, dict[str, Any]]:
-    """The most a claim may take of each capped kind, as an SQL expression of
-    `kind`: the process's room for it (`limits`), and the deployment's cap
-    less the kind's running jobs (`caps`). Empty when no kind is capped."""
-    cases: list[str] = []
-    params: dict[str, Any] = {}
-    for index, kind in enumerate(kinds):
-        bounds = []
-        if kind in limits:
-            bounds.append(f"%(most{index})s::bigint")
-            params[f"most{index}"] = int(limits[kind])
-        if kind in caps:
-            bounds.append(
-                f"%(cap{index})s::bigint - (SELECT count(*) FROM jobs "
-                f"WHERE status = 'running' AND kind = %(k{index})s)"
-            )
-            params[f"cap{index}"] = int(caps[kind])
-            params[f"k{index}"] = kind
-        if bounds:
-            params[f"k{index}"] = kind
-            cases.append(f"WHEN %(k{index})s THEN least({', '.join(bounds)}, %(limit)s)")
-    return (f"CASE kind {' '.join(cases)} ELSE %(limit)s END" if cases else ""), params
-
-
-# The order households take turns in (columns of `household_queues` and the running count).
-_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
-# Suspended households' jobs wait: a test on each job the claim considers,
-# against the few suspended households (read once per statement, through
-# their partial index, as a hashed subplan), so a suspended household
-# neither is chosen nor sets the claim's priority.
-_NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended_at IS NOT NULL)"
-# A claim of `limit` jobs ranks this many times `limit` households and takes
-# the first `limit` of them that no other claim holds: up to this many claims
-# made at once (by several processes or hosts) each find households of their
-# own instead of all choosing the same best ones and all but one taking nothing.
-_HOUSEHOLDS_RANKED_PER_PLACE = 4
-
-
-def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
-    one priority: the best among the due jobs this claim may take (found
-    first, through the claim index). Households with due jobs of that
-    priority take turns: the one with the fewest running jobs
-    first, then the one served longest ago (of those one claim served, the
-    one served fewer jobs so far), then the one whose oldest job is oldest; within
-    a household, oldest first. A batch fills as if claimed one job at a
-    time, each claim counting as a running job of its household. Cost: the
-    households with running jobs plus about four times `limit` households
-    (see `_HOUSEHOLDS_RANKED_PER_PLACE`) and `limit`
-    jobs each, through indexes; never the finished rows or the households
-    with nothing queued.
-
-    The claim locks the `household_queues` rows of the households it chose
-    with `SKIP LOCKED`, and their jobs likewise, so two claims never take the
-    same job and a claim never waits: another transaction may hold a
-    household's row (an enqueue, a retry or a rescue for it, whose triggers
-    lock it, or a claim) while it waits for a row this one holds, and
-    waiting would deadlock. A household skipped so is served by the next
-    claim, and this one takes the next households in turn instead: up to
-    four claims made at once (by several processes) each take households of
-    their own; a fifth may find every household it ranked held, and then
-    takes nothing until its next claim.
-    Only the kinds
-    this process can run: during a rolling deploy that adds a kind, older
-    processes leave its jobs queued. `kind_limits` caps how many of a kind
-    this claim takes (the process's room for it); `kind_caps` how many of a
-    kind may run in the whole deployment, and `partitions` what each
-    partition of a kind may do: for those kinds the claim first takes a
-    transaction advisory lock per kind, so claims that could take them
-    count the running jobs (and a partition's starts) one after another (a
-    counted claim made exact by a lock), and the claim statement counts
-    after the lock. A job whose partition is at a limit is passed over
-    before households and jobs are chosen (so it hides no other job), and a
-    batch takes no more of a partition than it has room for
-    (`mealquest.db.partitions`). Paused kinds are never taken.
-    """
-    limit, kind_limits = request.limit, request.kind_limits
-    kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
-    if not kinds or limit <= 0:
-        return []
-    # The statement is planned once per connection, not at every claim: the
-    # server's default weighs a generic plan against plans made for each
-    # claim's values, and for this statement kept planning every time (about
-    # 2 ms of a 4 ms claim of four jobs). Its plan does not hinge on the
-    # values: each step is an index probe fenced by `OFFSET 0` or `LATERAL`.
-    # That plan is made with the statistics of its moment: often none, or
-    # those of a table of a few jobs, just before a burst. Costed so, a
-    # bitmap scan of every due job and a sort looked cheapest for the best
-    # priority, and a household's jobs read through another index and
-    # sorted as cheap as its queue's index in order; at 12,000 queued that
-    # was most of each claim's time. With sequential and bitmap scans and
-    # sorts priced out (a sort the query cannot do without is still made),
-    # the plan walks the indexes in the claim's order whatever the
-    # statistics say (tests/drivers/test_postgresql.py). Those prices put
-    # the plan's cost past JIT's threshold, and compiling it cost a second
-    # a claim: JIT is off (no claim runs long enough to gain from it). All
-    # for the rest of this transaction only.
-    tx.execute(
-        "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
-        "set_config('enable_seqscan', 'off', true), "
-        "set_config('enable_bitmapscan', 'off', true), "
-        "set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
-    ).fetchall()
-    caps = {kind: cap for kind, cap in request.kind_caps.items() if kind in kinds}
-    limited = flow.limited_kinds(kinds, request.partitions)
-    # No queued job of a limited kind has a partition: the claim needs neither
-    # the limits' statements nor their locks, and leaves out such a job
-    # committed meanwhile (the next claim weighs it).
-    unpartitioned = limited if limited and not _any_queued_partitioned(tx, limited) else []
-    if unpartitioned:
-        limited = []
-    # One order for every claim's locks, the kinds' caps and partitions alike.
-    for kind in sorted(set(caps) | set(limited)):
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
-        ).fetchall()
-    limits = limits_sql.limits(limited, request.partitions, _NOW) if limited else None
-    most, most_params = _most_of_kind(kinds, kind_limits, caps)
-    picked = "picks"
-    if limits is not None:
-        # As many of a partition's jobs as it has room for, in the claim's
-        # order; the kinds' caps count what is left.
-        picked = (
-            "(SELECT seq, kind, turn, place FROM (SELECT p.seq, p.kind, p.partition_key, "
-            f"p.turn, p.place, {limits.room} AS room, row_number() OVER "
-            "(PARTITION BY p.kind, p.partition_key ORDER BY p.turn, p.place) AS nth "
-            f"FROM picks AS p{limits.joins}) AS roomy "
-            "WHERE partition_key IS NULL OR nth <= room)"
-        )
-    ranked = f"SELECT seq, turn, place FROM {picked} AS picked"
-    if most:
-        ranked = (
-            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
-            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
-            f"FROM {picked} AS picked) AS p WHERE nth <= most"
-        )
-    queued = f"status = 'queued' AND run_at <= {_NOW} AND {_NOT_SUSPENDED}"
-    of_kinds = "kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
-    if unpartitioned:
-        of_kinds += _UNPARTITIONED
-    unblocked = of_kinds
-    if limits is not None:
-        of_kinds += limits_sql.BLOCKED_FILTER
-    full = [
-        f"SELECT %(k{index})s::text WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
-        f"AND kind = %(k{index})s) >= %(cap{index})s"
-        for index, kind in enumerate(kinds)
-        if kind in caps
-    ]
-    full_kinds = limits.ctes if limits is not None else ""
-    if full:
-        # Kinds at their deployment cap, left out before households and jobs
-        # are chosen, so they cannot hide a household's other jobs.
-        full_kinds += f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
-        queued += " AND kind NOT IN (SELECT kind FROM full_kinds)"
-    # The best priority of the jobs this claim may take: the first in the
-    # claim index's order (priority, run_at, seq) that is due and of a kind
-    # this claim takes. The kinds are tested outside an `OFFSET 0` subquery
-    # that walks that index: asked in one query, a planner without the
-    # table's statistics (which lag a burst of enqueues) read every due job
-    # through the kinds' index and sorted them, 4 ms at 8,000 queued. With
-    # limits per partition, the priorities are tried one after another
-    # instead (`_tier_by_tier`): that walk would pass over, one entry at a
-    # time, every job of a partition at its limit that comes first.
-    full_kinds += (
-        "tier AS (SELECT %(tier)s::integer AS priority),\n"
-        if limits is not None
-        else "tier AS (SELECT priority FROM (SELECT priority, kind, partition_key FROM jobs "
-        f"WHERE {queued} ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
-        f"WHERE {of_kinds} LIMIT 1),\n"
-    )
-    due = f"{queued} AND {of_kinds}"
-    due += " AND priority = (SELECT priority FROM tier)"
-    # Two forms keep the plan to the households served and their jobs, not
-    # the whole queue, while the statistics lag a burst of enqueues or say a
-    # few households hold every job: each EXISTS is a probe per household in
-    # its index's order (`OFFSET 0` stops the planner from joining it, which
-    # read every queued job; the order makes the household's index the way
-    # to its first due job), and the UPDATE finds its rows by primary key
-    # alone (its own `status` test let the planner read the queued jobs'
-    # index instead). The rows are queued: `picks` locked them so, after
-    # checking, and nobody changes them until this commits.
-    statement = f"""
-WITH {full_kinds}idle AS (
-    SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
-    FROM household_queues AS q
-    WHERE q.head_run_at <= {_NOW}
-    AND NOT EXISTS (SELECT 1 FROM jobs AS r
-                    WHERE r.household_id = q.household_id AND r.status = 'running')
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
-                ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
-    ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT %(ranked)s
-),
-busy AS (
-    SELECT q.household_id, b.running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
-    FROM (SELECT household_id, count(*) AS running FROM jobs
-          WHERE status = 'running' GROUP BY household_id) AS b
-    JOIN household_queues AS q ON q.household_id = b.household_id
-    WHERE q.head_run_at <= {_NOW}
-    AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
-                ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
-),
-chosen AS MATERIALIZED (
-    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) AS place
-    FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY {_TURN} LIMIT %(ranked)s
-),
-candidates AS (
-    SELECT c.household_id, c.running, c.place
-    FROM chosen AS c JOIN household_queues AS q USING (household_id)
-    ORDER BY c.place LIMIT %(limit)s
-    FOR UPDATE OF q SKIP LOCKED
-),
-picks AS (
-    SELECT j.seq, j.kind, j.partition_key, j.run_at, c.place,
-           c.running + row_number() OVER (PARTITION BY c.household_id ORDER BY j.run_at, j.seq)
-           AS turn
-    FROM candidates AS c CROSS JOIN LATERAL (
-        SELECT seq, kind, partition_key, run_at FROM jobs
-        WHERE household_id = c.household_id AND {due}
-        ORDER BY run_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-    ) AS j
-),
-next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
-UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
-    lease_expires_at = {_NOW} + make_interval(secs => %(lease_seconds)s),
-    started_at = {_NOW}, updated_at = {_NOW}, {_NEXT_VERSION}
-WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
-RETURNING {_qualified("jobs")}"""
-    params = {
-        "now": request.now,
-        "kinds": list(kinds),
-        "limit": limit,
-        "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
-        "owner": request.owner,
-        "lease_seconds": float(request.lease_seconds),
-        "unpartitioned": unpartitioned,
-        **most_params,
-    }
-    if limits is None:
-        rows = tx.execute(statement, params).fetchall()
-    else:
-        rows = _tier_by_tier(tx, statement, {**params, **limits.params}, unblocked)
-    # RETURNING gives no order; hand jobs out in the claim's.
-    claimed = sorted(
-        (_job(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
-    )
-    if limits is not None:
-        limits_sql.record_starts(tx, claimed, request.partitions)
-    return claimed
-
-
-def _tier_by_tier(
-    tx: Transaction, statement: str, params: dict[str, Any], of_kinds: str
-) -> list[dict[str, Any]]:
-    """The claim statement's rows at the best priority it takes any job of:
-    each priority of the due jobs (of the kinds `of_kinds` admits, the
-    partitions' limits aside),
-    best first, each found by one probe of the claim index, until one
-    yields jobs. A priority whose every due job is in a partition at its
-    limit yields none, and the next has its turn. So no claim reads the
-    jobs of a partition at its limit one by one to find its priority."""
-    after = MIN_PRIORITY - 1
-    while True:
-        tier = tx.execute(
-            "SELECT priority FROM (SELECT priority, kind FROM jobs "
-            f"WHERE status = 'queued' AND run_at <= {_NOW} AND priority > %(after)s::integer "
-            "ORDER BY priority, run_at, seq OFFSET 0) AS ordered "
-            f"WHERE {of_kinds} LIMIT 1",
-            {**params, "after": after},
-        ).fetchone()
-        if tier is None:
-            return []
-        rows = tx.execute(statement, {**params, "tier": tier["priority"]}).fetchall()
-        if rows:
-            return rows
-        after = tier["priority"]
-
-
-def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
-    """Up to `request.limit` due jobs: by priority (lower first), each
-    priority's households in turn (`mealquest.db.claiming`)."""
-    due = functools.partial(has_due_job, partitions=request.partitions)
-    claimed = claiming.by_priority(_claim_one_priority, due, tx, request)
-    postgres_transaction(tx).notify_changed(job.id for job in claimed)
-    return claimed
-
-
-def _qualified(table: str) -> str:
-    return ", ".join(f"{table}.{column.strip()}" for column in _COLUMNS.split(","))
-
-
 def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
-        f"UPDATE jobs SET result = %(result)s, updated_at = now(), {_NEXT_VERSION} WHERE {_FENCE}",
+        f"UPDATE jobs SET result = %(result)s, updated_at = now(), {NEXT_VERSION} WHERE {_FENCE}",
         {"result": result, **_fence(lease)},
     )
     if cursor.rowcount != 1:
@@ -782,52 +447,6 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
 
 
-# Leaves out the queued jobs with a partition of the kinds a claim found none of.
-_UNPARTITIONED = " AND (partition_key IS NULL OR kind <> ALL(%(unpartitioned)s::text[]))"
-
-
-def _any_queued_partitioned(conn: Reads, kinds: list[str]) -> bool:
-    """Whether a queued job of `kinds` has a partition (one probe of a small
-    partial index: ordered by its key, so that the planner walks the index
-    rather than the table, whatever its statistics say)."""
-    row = conn.execute(
-        "SELECT 1 FROM jobs WHERE status = 'queued' AND partition_key IS NOT NULL "
-        "AND kind = ANY(%(kinds)s::text[]) ORDER BY kind LIMIT 1",
-        {"kinds": kinds},
-    ).fetchone()
-    return row is not None
-
-
-def has_due_job(
-    conn: Reads,
-    kinds: Collection[str],
-    *,
-    partitions: Mapping[str, PartitionLimits] | None = None,
-) -> bool:
-    """Whether a due job of `kinds` is queued that a claim could take: not of
-    a paused kind, nor (with `partitions`) of a partition at a limit."""
-    if not kinds:
-        return False
-    limited = flow.limited_kinds(kinds, partitions or {})
-    unpartitioned = limited if limited and not _any_queued_partitioned(conn, limited) else []
-    if unpartitioned:
-        limited = []
-    limits = limits_sql.limits(limited, partitions or {}, "now()") if limited else None
-    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
-    row = conn.execute(
-        f"{head}SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= now() "
-        "AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
-        f"{_UNPARTITIONED if unpartitioned else ''}"
-        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}) AS due",
-        {
-            "kinds": list(kinds),
-            "unpartitioned": unpartitioned,
-            **(limits.params if limits is not None else {}),
-        },
-    ).fetchone()
-    return bool(row["due"])
-
-
 def queued_of_other_kinds(conn: Reads, kinds: Collection[str]) -> dict[str, int]:
     """Queued jobs by kind, for the kinds not in `kinds` (no handler here)."""
     rows = conn.execute(
@@ -907,7 +526,7 @@ def rescue_unrenewed(
         f"UPDATE jobs SET {_INTERRUPT} FROM unnest(%(ids)s::text[], %(owners)s::text[], "
         "%(attempts)s::integer[], %(expiries)s::timestamptz[]) "
         f"AS lease(id, owner, attempt, expires_at) WHERE {_FENCE_ON_LEASES} "
-        f"AND jobs.lease_expires_at = lease.expires_at AND jobs.lease_expires_at < {_NOW} "
+        f"AND jobs.lease_expires_at = lease.expires_at AND jobs.lease_expires_at < {NOW} "
         "RETURNING jobs.id, jobs.status",
         {
             "interrupted": MESSAGE_INTERRUPTED,
@@ -921,11 +540,11 @@ def rescue_unrenewed(
 
 def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
     row = conn.execute(
-        f"SELECT {_COLUMNS} FROM jobs WHERE id = %(id)s "
+        f"SELECT {COLUMNS} FROM jobs WHERE id = %(id)s "
         "AND (%(household_id)s::bigint IS NULL OR household_id = %(household_id)s)",
         {"id": job_id, "household_id": household_id},
     ).fetchone()
-    return _job(row) if row else None
+    return to_job(row) if row else None
 
 
 def get_job_with_token(
@@ -936,7 +555,7 @@ def get_job_with_token(
     row = conn.execute(
         "SELECT h.id AS token_household_id, h.name AS token_household_name, "
         "h.suspended_at IS NOT NULL AS token_household_suspended, "
-        f"{_qualified('j')} FROM api_tokens t JOIN households h ON h.id = t.household_id "
+        f"{qualified('j')} FROM api_tokens t JOIN households h ON h.id = t.household_id "
         "LEFT JOIN jobs j ON j.id = %(id)s AND j.household_id = t.household_id "
         "WHERE t.token_sha256 = %(digest)s AND t.revoked_at IS NULL AND h.erased_at IS NULL",
         {"id": job_id, "digest": token_sha256},
@@ -949,7 +568,7 @@ def get_job_with_token(
         values.pop("token_household_name"),
         values.pop("token_household_suspended"),
     )
-    return household, _job(values) if values["id"] is not None else None
+    return household, to_job(values) if values["id"] is not None else None
 
 
 def list_jobs(
@@ -978,9 +597,9 @@ def list_jobs(
             conditions.append(implied)
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT %(limit)s", params
+        f"SELECT {COLUMNS} FROM jobs {where} ORDER BY seq DESC LIMIT %(limit)s", params
     ).fetchall()
-    return [_job(row) for row in rows]
+    return [to_job(row) for row in rows]
 
 
 # Transaction advisory locks (class, household) serialising a household's enqueues.
@@ -1035,7 +654,7 @@ def changed_jobs(conn: Reads, versions: Mapping[str, int]) -> dict[str, Job | No
     if not versions:
         return {}
     rows = conn.execute(
-        f"SELECT w.id AS watched, {_qualified('j')} "
+        f"SELECT w.id AS watched, {qualified('j')} "
         "FROM unnest(%(ids)s::text[], %(versions)s::integer[]) AS w(id, version) "
         "LEFT JOIN jobs AS j ON j.id = w.id WHERE j.id IS NULL OR j.version <> w.version",
         {"ids": list(versions), "versions": list(versions.values())},
@@ -1044,7 +663,7 @@ def changed_jobs(conn: Reads, versions: Mapping[str, int]) -> dict[str, Job | No
     for row in rows:
         values = dict(row)
         job_id = values.pop("watched")
-        changed[job_id] = _job(values) if values["id"] is not None else None
+        changed[job_id] = to_job(values) if values["id"] is not None else None
     return changed
 
 

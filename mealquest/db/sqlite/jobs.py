@@ -18,45 +18,30 @@ import functools
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
-from mealquest.clock import to_text, utc_now
-from mealquest.db import claiming, listing, outcomes, standing
-from mealquest.db import partitions as flow
+from mealquest.clock import to_text
+from mealquest.db import listing, outcomes, standing
 from mealquest.db.driver import Reads, Transaction
-from mealquest.db.sqlite import partitions as limits_sql
 from mealquest.db.sqlite import standing as standing_reads
+from mealquest.db.sqlite.claim import claim as claim
+from mealquest.db.sqlite.claim import has_due_job as has_due_job
+from mealquest.db.sqlite.job_rows import COLUMNS, NEXT_VERSION, moment_of, moment_text
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,
     MESSAGE_INTERRUPTED,
-    MIN_PRIORITY,
     Attempt,
-    ClaimRequest,
     HeldLease,
     Job,
     Lease,
     LogLine,
     NewJob,
-    PartitionLimits,
     Recovered,
     Status,
     Transition,
     check_transition,
 )
 from mealquest.model.queue import Standing
-
-_COLUMNS = (
-    "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
-    "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
-    "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, "
-    "partition_key, version"
-)
-# Every statement that changes what a household sees of a job sets its next
-# version itself (the migration's trigger catches any other write, at the
-# cost of a second write of the row).
-_NEXT_VERSION = "version = jobs.version + 1"
-
 
 # The columns an insert sets, in the order of `_insert_row`'s values.
 _INSERTED = (
@@ -118,7 +103,7 @@ def insert_job(tx: Transaction, job: NewJob) -> bool:
     has a job holding that key: the unique index decides, so two concurrent
     enqueues cannot both insert. True when the job was inserted.
     """
-    moment = _moment(None)
+    moment = moment_of(None)
     return tx.execute(_INSERT, _insert_row(moment, to_text(moment), job)).rowcount == 1
 
 
@@ -132,7 +117,7 @@ def insert_jobs(tx: Transaction, jobs: Sequence[NewJob]) -> None:
         raise ValueError("a job with an idempotency key needs insert_job's answer")
     if not jobs:
         return
-    moment = _moment(None)
+    moment = moment_of(None)
     now = to_text(moment)
     rows = [_insert_row(moment, now, job) for job in jobs]
     tx.execute(_INSERT_FROM_JSON, (json.dumps(rows),))
@@ -143,7 +128,7 @@ def release_unique_key(
 ) -> int:
     """Clear `unique_key` from the household's job that holds it, if that job was
     created more than `older_than_seconds` ago (its window is over)."""
-    cutoff = _text(_moment(None) - timedelta(seconds=older_than_seconds))
+    cutoff = moment_text(moment_of(None) - timedelta(seconds=older_than_seconds))
     cursor = tx.execute(
         "UPDATE jobs SET unique_key = NULL, unique_digest = NULL "
         "WHERE household_id = ? AND unique_key = ? AND created_at < ?",
@@ -166,7 +151,7 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
     `cancel_requested_at` (its process stops it and records it cancelled).
     Final jobs are left as they are. Returns the job as it now is (None: no
     such job for that household)."""
-    now = _text(None)
+    now = moment_text(None)
     scope = "" if household_id is None else " AND household_id = :household_id"
     tx.execute(
         "UPDATE jobs SET "
@@ -174,7 +159,7 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
         "finished_at = CASE status WHEN 'queued' THEN :now ELSE finished_at END, "
         "cancel_requested_at = CASE status WHEN 'running' "
         "THEN COALESCE(cancel_requested_at, :now) ELSE cancel_requested_at END, "
-        f"updated_at = :now, {_NEXT_VERSION} "
+        f"updated_at = :now, {NEXT_VERSION} "
         "WHERE id = :job_id AND (status = 'queued' "
         f"OR (status = 'running' AND cancel_requested_at IS NULL)){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
@@ -185,13 +170,13 @@ def cancel_job(tx: Transaction, job_id: str, household_id: int | None = None) ->
 def retry_job(tx: Transaction, job_id: str, household_id: int | None = None) -> Job | None:
     """Queue a failed or cancelled job again, due now, with a fresh attempt
     budget; other jobs are left as they are. Returns the job as it now is."""
-    now = _text(None)
+    now = moment_text(None)
     scope = "" if household_id is None else " AND household_id = :household_id"
     tx.execute(
         "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
         "result = NULL, "
         "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
-        f"run_at = :now, updated_at = :now, {_NEXT_VERSION} "
+        f"run_at = :now, updated_at = :now, {NEXT_VERSION} "
         f"WHERE id = :job_id AND status IN ('failed', 'cancelled'){scope}",
         {"now": now, "job_id": job_id, "household_id": household_id},
     )
@@ -211,260 +196,8 @@ def cancel_requested(tx: Transaction, leases: Iterable[Lease]) -> set[str]:
     return found
 
 
-def _moment(now: datetime | None) -> datetime:
-    """The database's "now": on SQLite, one machine's wall clock (`now` overrides
-    it for tests that move time past a lease)."""
-    return now if now is not None else utc_now()
-
-
-def _text(now: datetime | None) -> str:
-    return to_text(_moment(now))
-
-
 def _placeholders(values: Collection[object]) -> str:
     return ", ".join("?" * len(values))
-
-
-def _most_of_kind(
-    kinds: list[str], limits: Mapping[str, int], caps: Mapping[str, int]
-) -> tuple[str, dict[str, object]]:
-    """The most a claim may take of each capped kind, as an SQL expression of
-    `kind`: the process's room for it (`limits`), and the deployment's cap
-    less the kind's running jobs (`caps`; exact, since SQLite writes one
-    transaction at a time). Empty when no kind is capped."""
-    cases: list[str] = []
-    params: dict[str, object] = {}
-    for index, kind in enumerate(kinds):
-        bounds = []
-        if kind in limits:
-            bounds.append(f":most{index}")
-            params[f"most{index}"] = int(limits[kind])
-        if kind in caps:
-            bounds.append(
-                f"(:cap{index} - (SELECT count(*) FROM jobs "
-                f"WHERE status = 'running' AND kind = :k{index}))"
-            )
-            params[f"cap{index}"] = int(caps[kind])
-        if bounds:
-            cases.append(f"WHEN :k{index} THEN min({', '.join(bounds)}, :limit)")
-    return (f"CASE kind {' '.join(cases)} ELSE :limit END" if cases else ""), params
-
-
-# The order households take turns in (columns of `household_queues` and the running count).
-_TURN = "running, served_at, served_jobs, head_run_at, head_seq"
-# Suspended households' jobs wait: a test on each job the claim considers,
-# against the few suspended households (read once per statement, through
-# their partial index), so a suspended household neither is chosen nor sets
-# the claim's priority.
-_NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended_at IS NOT NULL)"
-
-
-def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
-    """Claim up to `limit` due queued jobs of `kinds` in one statement, all of
-    one priority: the best among the due jobs this claim may take (found
-    first, through the claim index). Households with due jobs of that
-    priority take turns: the one with the fewest running jobs
-    first, then the one served longest ago (of those one claim served, the
-    one served fewer jobs so far), then the one whose oldest job is oldest; within
-    a household, oldest first. A batch fills as if claimed one job at a
-    time, each claim counting as a running job of its household. Cost: the
-    households with running jobs plus about `limit` households and `limit`
-    jobs each, through indexes; never the finished rows or the households
-    with nothing queued.
-
-    Only the kinds this process can run, and none that is paused: during a
-    rolling deploy that adds a kind, older processes leave its jobs queued
-    for the newer ones. `kind_limits` caps how many of a kind this claim
-    takes (the process's room for it); `kind_caps` how many of a kind may
-    run in the whole deployment; `partitions` what each partition of a kind
-    may do: a job whose partition is at a limit is passed over before
-    households and jobs are chosen (so it hides no other job), and a batch
-    takes no more of a partition than it has room for
-    (`mealquest.db.partitions`).
-    """
-    limit, kind_limits, kind_caps = request.limit, request.kind_limits, request.kind_caps
-    kinds = [kind for kind in request.kinds if kind_limits.get(kind, limit) > 0]
-    if not kinds or limit <= 0:
-        return []
-    moment = _moment(request.now)
-    names = {f"k{index}": kind for index, kind in enumerate(kinds)}
-    due = (
-        "status = 'queued' AND run_at <= :now "
-        f"AND kind IN ({', '.join(f':{name}' for name in names)}) AND {_NOT_SUSPENDED} "
-        "AND kind NOT IN (SELECT kind FROM paused_kinds)"
-    )
-    limited, due, unpartitioned = _unless_unpartitioned(
-        tx, flow.limited_kinds(kinds, request.partitions), due
-    )
-    limits = limits_sql.limits(limited, request.partitions, moment) if limited else None
-    unblocked = due
-    if limits is not None:
-        due += limits_sql.BLOCKED_FILTER
-    most, most_params = _most_of_kind(kinds, kind_limits, kind_caps)
-    full = [
-        f"SELECT :k{index} WHERE (SELECT count(*) FROM jobs WHERE status = 'running' "
-        f"AND kind = :k{index}) >= :cap{index}"
-        for index, kind in enumerate(kinds)
-        if kind in kind_caps
-    ]
-    full_kinds = limits.ctes if limits is not None else ""
-    if full:
-        # Kinds at their deployment cap, left out before households and jobs
-        # are chosen, so they cannot hide a household's other jobs.
-        full_kinds += f"full_kinds(kind) AS ({' UNION ALL '.join(full)}),\n"
-        due += " AND kind NOT IN (SELECT kind FROM full_kinds)"
-    # The best priority of the jobs this claim may take: the first in the
-    # claim index's order (priority, run_at, seq) that is due and claimable.
-    # With limits per partition, the priorities are tried one after another
-    # instead (`_tier_by_tier`): that walk would pass over, one entry at a
-    # time, every job of a partition at its limit that comes first.
-    full_kinds += (
-        "tier(priority) AS (SELECT :tier),\n"
-        if limits is not None
-        else f"tier(priority) AS (SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
-        "ORDER BY priority LIMIT 1),\n"
-    )
-    due += " AND priority = (SELECT priority FROM tier)"
-    picked = "picks"
-    if limits is not None:
-        # As many of a partition's jobs as it has room for, in the claim's
-        # order; the kinds' caps count what is left.
-        picked = (
-            "(SELECT seq, kind, turn, place FROM (SELECT p.seq, p.kind, p.partition_key, "
-            f"p.turn, p.place, {limits.room} AS room, row_number() OVER "
-            "(PARTITION BY p.kind, p.partition_key ORDER BY p.turn, p.place) AS nth "
-            f"FROM picks AS p{limits.joins}) WHERE partition_key IS NULL OR nth <= room)"
-        )
-    ranked = f"SELECT seq, turn, place FROM {picked}"
-    if most:
-        ranked = (
-            f"SELECT seq, turn, place FROM (SELECT seq, turn, place, {most} AS most, "
-            "row_number() OVER (PARTITION BY kind ORDER BY turn, place) AS nth "
-            f"FROM {picked}) WHERE nth <= most"
-        )
-    # INDEXED BY and the `+` keep the plan an ordered walk of the households'
-    # turn index and a read of the running rows only, whatever ANALYZE found:
-    # with statistics SQLite would rather skip-scan and sort every household,
-    # or group the whole table by household; and a household's queued and
-    # running jobs are read through their partial indexes, not through
-    # (household_id, kind, seq), which holds its whole history.
-    statement = f"""
-WITH {full_kinds}candidates(household_id, running, place) AS (
-    SELECT household_id, running, row_number() OVER (ORDER BY {_TURN}) FROM (
-        SELECT * FROM (
-            SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
-            FROM household_queues AS q INDEXED BY household_queues_turn
-            WHERE +q.head_run_at <= :now
-            AND NOT EXISTS (SELECT 1 FROM jobs AS r INDEXED BY jobs_running
-                            WHERE r.household_id = q.household_id AND r.status = 'running')
-            AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
-                        WHERE j.household_id = q.household_id AND j.{due})
-            ORDER BY q.served_at, q.served_jobs, q.head_run_at, q.head_seq LIMIT :limit
-        )
-        UNION ALL
-        SELECT q.household_id, b.running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
-        FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
-              WHERE status = 'running' GROUP BY household_id) AS b
-        JOIN household_queues AS q ON q.household_id = b.household_id
-        WHERE q.head_run_at <= :now
-        AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
-                        WHERE j.household_id = q.household_id AND j.{due})
-    )
-    ORDER BY {_TURN} LIMIT :limit
-),
-picks AS (
-    SELECT j.seq, j.kind, j.partition_key, j.run_at, c.place,
-           c.running + row_number() OVER (PARTITION BY j.household_id ORDER BY j.run_at, j.seq)
-           AS turn
-    FROM candidates AS c JOIN jobs AS j ON j.seq IN (
-        SELECT seq FROM jobs INDEXED BY jobs_household_queued
-        WHERE household_id = c.household_id AND {due}
-        ORDER BY run_at, seq LIMIT :limit
-    )
-)
-UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
-    lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment,
-    {_NEXT_VERSION}
-WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
-RETURNING {_COLUMNS}"""
-    params = {
-        "owner": request.owner,
-        "lease_expires_at": _text(moment + timedelta(seconds=request.lease_seconds)),
-        "moment": _text(moment),
-        "now": _text(moment),
-        "limit": limit,
-        **names,
-        **most_params,
-        **unpartitioned,
-    }
-    if limits is None:
-        rows = tx.execute(statement, params).fetchall()
-    else:
-        rows = _tier_by_tier(tx, statement, {**params, **limits.params}, unblocked)
-    # RETURNING gives no order; hand jobs out in the claim's.
-    claimed = sorted(
-        (Job.from_row(row) for row in rows), key=lambda job: (job.priority, job.run_at, job.seq)
-    )
-    if limits is not None:
-        limits_sql.record_starts(tx, claimed, request.partitions, moment)
-    return claimed
-
-
-def _unless_unpartitioned(
-    tx: Reads, limited: list[str], due: str
-) -> tuple[list[str], str, dict[str, str]]:
-    """The kinds whose partition limits a claim must apply, and its `due`
-    condition: none, when no queued job of `limited` has a partition (one
-    probe of a small partial index), so that the claim needs neither the
-    limits' statements nor the tier probes. `due` then leaves out such jobs,
-    as the limits would have weighed them: one enqueued meanwhile (another
-    transaction, on a server that allows it) waits for the next claim. The
-    third value holds the parameters the new `due` names."""
-    if not limited:
-        return limited, due, {}
-    params = {f"lk{index}": kind for index, kind in enumerate(limited)}
-    names = ", ".join(f":{name}" for name in params)
-    row = tx.execute(
-        "SELECT 1 FROM jobs INDEXED BY jobs_queued_partitioned WHERE status = 'queued' "
-        f"AND partition_key IS NOT NULL AND kind IN ({names}) LIMIT 1",
-        params,
-    ).fetchone()
-    if row is not None:
-        return limited, due, {}
-    return [], f"{due} AND (partition_key IS NULL OR kind NOT IN ({names}))", params
-
-
-def _tier_by_tier(
-    tx: Transaction, statement: str, params: dict[str, object], due: str
-) -> list[Any]:
-    """The claim statement's rows at the best priority it takes any job of:
-    each priority of the due jobs (`due`, the partitions' limits aside),
-    best first, each found by one probe of the claim index, until one
-    yields jobs. A priority whose every due job is in a partition at its
-    limit yields none, and the next has its turn. So no claim reads the
-    jobs of a partition at its limit one by one to find its priority."""
-    after = MIN_PRIORITY - 1
-    while True:
-        tier = tx.execute(
-            f"SELECT priority FROM jobs INDEXED BY jobs_claim WHERE {due} "
-            "AND priority > :after ORDER BY priority LIMIT 1",
-            {**params, "after": after},
-        ).fetchone()
-        if tier is None:
-            return []
-        rows = tx.execute(statement, {**params, "tier": tier["priority"]}).fetchall()
-        if rows:
-            return rows
-        after = tier["priority"]
-
-
-def claim(tx: Transaction, request: ClaimRequest) -> list[Job]:
-    """Up to `request.limit` due jobs: by priority (lower first), each
-    priority's households in turn (`mealquest.db.claiming`)."""
-    due = functools.partial(has_due_job, partitions=request.partitions)
-    return claiming.by_priority(_claim_one_priority, due, tx, request)
 
 
 _FENCE = "id = :job_id AND status = 'running' AND lease_owner = :owner AND attempt = :attempt"
@@ -476,8 +209,8 @@ def _fence(lease: Lease) -> dict[str, object]:
 
 def publish(tx: Transaction, lease: Lease, *, result: str) -> bool:
     cursor = tx.execute(
-        f"UPDATE jobs SET result = :result, updated_at = :now, {_NEXT_VERSION} WHERE {_FENCE}",
-        {"result": result, "now": _text(None), **_fence(lease)},
+        f"UPDATE jobs SET result = :result, updated_at = :now, {NEXT_VERSION} WHERE {_FENCE}",
+        {"result": result, "now": moment_text(None), **_fence(lease)},
     )
     return cursor.rowcount == 1
 
@@ -551,7 +284,7 @@ _ATTEMPT: dict[Attempt, str] = {
     Attempt.SPEND: "interruptions = 0",
     Attempt.REFUND: "attempt = attempt - 1",
 }
-_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = :now, {_NEXT_VERSION}"
+_CLEAR_LEASE = f"lease_owner = NULL, lease_expires_at = NULL, updated_at = :now, {NEXT_VERSION}"
 # A snooze counts on the job (unless a cancel wins), and ends its interruptions in a row.
 _SNOOZED = f"snoozes = snoozes + CASE WHEN {_CANCELLING} THEN 0 ELSE 1 END, interruptions = 0"
 
@@ -566,16 +299,16 @@ def transition(tx: Transaction, change: Transition) -> bool:
     cancelled instead if a cancel was requested meanwhile.
     """
     check_transition(change.to, change.attempt, change.snoozed)
-    moment = _moment(None)
+    moment = moment_of(None)
     delay = change.delay_seconds
-    run_at = None if delay is None else _text(moment + timedelta(seconds=delay))
+    run_at = None if delay is None else moment_text(moment + timedelta(seconds=delay))
     snoozed = f"{_SNOOZED}, " if change.snoozed else ""
     cursor = tx.execute(
         f"UPDATE jobs SET {_TO[change.to]}, {_ATTEMPT[change.attempt]}, {snoozed}{_CLEAR_LEASE} "
         f"WHERE {_FENCE}",
         {
             "to": str(change.to),
-            "now": _text(moment),
+            "now": moment_text(moment),
             "result": change.result,
             "error": change.error,
             "run_at": run_at,
@@ -643,11 +376,11 @@ def _transition_many_statement(rows: int) -> str:
 
 def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[str]:
     """The ids of the jobs the transitions (each naming another job) moved."""
-    moment = _moment(None)
+    moment = moment_of(None)
     moved: set[str] = set()
     for start in range(0, len(transitions), _TRANSITION_MANY_ROWS):
         chunk = transitions[start : start + _TRANSITION_MANY_ROWS]
-        params: list[object] = [_text(moment)]
+        params: list[object] = [moment_text(moment)]
         for change in chunk:
             params += (
                 change.lease.job_id,
@@ -659,7 +392,7 @@ def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[
                 change.error,
                 None
                 if change.delay_seconds is None
-                else _text(moment + timedelta(seconds=change.delay_seconds)),
+                else moment_text(moment + timedelta(seconds=change.delay_seconds)),
                 change.snoozed,
             )
         statement = _transition_many_statement(len(chunk))
@@ -689,7 +422,7 @@ def renew_leases(
     Only leases the process names: a job the heartbeat leaves out (its handler
     past its timeout, or its outcome given up on) expires and is rescued.
     """
-    lease_expires_at = _text(_moment(None) + timedelta(seconds=lease_seconds))
+    lease_expires_at = moment_text(moment_of(None) + timedelta(seconds=lease_seconds))
     renewed = set()
     for lease in leases:
         cursor = tx.execute(
@@ -708,39 +441,6 @@ def leases_of(tx: Transaction, owner: str) -> list[Lease]:
         (owner,),
     ).fetchall()
     return [Lease(row["id"], row["lease_owner"], row["attempt"]) for row in rows]
-
-
-def has_due_job(
-    conn: Reads,
-    kinds: Collection[str],
-    *,
-    partitions: Mapping[str, PartitionLimits] | None = None,
-) -> bool:
-    """Whether a due job of `kinds` is queued that a claim could take: not of
-    a paused kind, nor (with `partitions`) of a partition at a limit."""
-    if not kinds:
-        return False
-    moment = _moment(None)
-    kinds = list(kinds)
-    names = {f"k{index}": kind for index, kind in enumerate(kinds)}
-    limited, unpartitioned, unpartitioned_params = _unless_unpartitioned(
-        conn, flow.limited_kinds(kinds, partitions or {}), ""
-    )
-    limits = limits_sql.limits(limited, partitions or {}, moment) if limited else None
-    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
-    row = conn.execute(
-        f"{head}SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= :now "
-        f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
-        f"AND kind NOT IN (SELECT kind FROM paused_kinds){unpartitioned}"
-        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''} LIMIT 1",
-        {
-            "now": _text(moment),
-            **names,
-            **(limits.params if limits is not None else {}),
-            **unpartitioned_params,
-        },
-    ).fetchone()
-    return row is not None
 
 
 def queued_of_other_kinds(conn: Reads, kinds: Collection[str]) -> dict[str, int]:
@@ -789,7 +489,7 @@ def _interrupt(tx: Transaction, condition: str, params: dict[str, object]) -> Re
 def interrupt(tx: Transaction, leases: Iterable[Lease]) -> Recovered:
     """Record jobs a stopping worker cut short (fenced on their leases)."""
     recovered = Recovered()
-    now = _text(None)
+    now = moment_text(None)
     for lease in leases:
         recovered += _interrupt(tx, _FENCE, {"now": now, **_fence(lease)})
     return recovered
@@ -812,7 +512,7 @@ def rescue_unrenewed(
     """Interrupt each of `held` whose lease is still as it was read (nobody
     renewed it since) and expired before `now` (None: the wall clock)."""
     recovered = Recovered()
-    moment = _text(now)
+    moment = moment_text(now)
     for entry in held:
         recovered += _interrupt(
             tx,
@@ -823,7 +523,7 @@ def rescue_unrenewed(
 
 
 def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | None:
-    sql = f"SELECT {_COLUMNS} FROM jobs WHERE id = ?"
+    sql = f"SELECT {COLUMNS} FROM jobs WHERE id = ?"
     params: tuple[object, ...] = (job_id,)
     if household_id is not None:
         sql += " AND household_id = ?"
@@ -832,7 +532,7 @@ def get_job(conn: Reads, job_id: str, household_id: int | None = None) -> Job | 
     return Job.from_row(row) if row else None
 
 
-_JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in _COLUMNS.split(","))
+_JOB_COLUMNS_OF_J = ", ".join(f"j.{column.strip()}" for column in COLUMNS.split(","))
 
 
 def get_job_with_token(
@@ -888,7 +588,7 @@ def list_jobs(
             conditions.append(implied)
     where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM jobs{indexed} {where} ORDER BY seq DESC LIMIT ?",
+        f"SELECT {COLUMNS} FROM jobs{indexed} {where} ORDER BY seq DESC LIMIT ?",
         (*params, limit),
     ).fetchall()
     return [Job.from_row(row) for row in rows]
@@ -959,7 +659,7 @@ def changed_jobs(conn: Reads, versions: Mapping[str, int]) -> dict[str, Job | No
 def queue_standings(conn: Reads, jobs: Sequence[Job], *, at_most: int) -> dict[str, Standing]:
     """Each queued job's place in line (see `mealquest.db.standing`), judged at
     the wall clock's now."""
-    return standing.standings(standing_reads, conn, jobs, at_most=at_most, now=_text(None))
+    return standing.standings(standing_reads, conn, jobs, at_most=at_most, now=moment_text(None))
 
 
 # How many of a kind's latest jobs its typical run time is looked for in (its

@@ -310,15 +310,7 @@ class Executor:
         try:
             payload = kind.load_payload(job.payload)
         except Exception as error:
-            # The kind's schema code may raise anything; only field names are
-            # logged (the text may quote the payload).
-            if isinstance(error, ValidationError):
-                fields = sorted(error.messages) if isinstance(error.messages, dict) else []
-                logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
-            else:
-                logger.error(
-                    "stored payload no longer loads (%s)", type(error).__name__, extra=extra
-                )
+            _log_unloadable_payload(error, extra)
             return failed(MESSAGE_INTERNAL)
         context = JobContext(
             self.store,
@@ -329,6 +321,28 @@ class Executor:
             is_cancelled=lambda: entry.cancelled_at is not None,
         )
         entry.context = context
+        value, ended, timed_out = self._run_handler(entry, kind, payload, context)
+        if context.result_too_large:
+            # However the handler went on: it published what no job may store.
+            logger.error("handler published a partial result past the bound", extra=extra)
+            return failed(MESSAGE_INTERNAL)
+        if timed_out or time.monotonic() >= entry.deadline:
+            # Past its timeout, however it ended: a handler that caught the
+            # timeout and returned (or failed) anyway is still timed out.
+            if not timed_out:
+                logger.error("handler ignored its timeout", extra=extra)
+            else:
+                logger.warning("job timed out", extra=extra)
+            return self._retry_or_fail(job, kind, MESSAGE_TIMED_OUT)
+        if ended is not None:
+            return self._raised(job, kind, extra, ended)
+        return _succeeded(kind, value, extra)
+
+    def _run_handler(
+        self, entry: Running, kind: Kind, payload: Any, context: JobContext
+    ) -> tuple[Any, BaseException | None, bool]:
+        """Call the handler under its timeout: what it returned, what it raised
+        (None: nothing), and whether its timeout ended it."""
         timeout = kind.options.timeout_seconds
         timer = gevent.Timeout(timeout)
         entry.deadline = time.monotonic() + timeout
@@ -347,18 +361,10 @@ class Executor:
         finally:
             timer.close()
             self._keep_log(entry)
-        if context.result_too_large:
-            # However the handler went on: it published what no job may store.
-            logger.error("handler published a partial result past the bound", extra=extra)
-            return failed(MESSAGE_INTERNAL)
-        if ended is timer or time.monotonic() >= entry.deadline:
-            # Past its timeout, however it ended: a handler that caught the
-            # timeout and returned (or failed) anyway is still timed out.
-            if ended is not timer:
-                logger.error("handler ignored its timeout", extra=extra)
-            else:
-                logger.warning("job timed out", extra=extra)
-            return self._retry_or_fail(job, kind, MESSAGE_TIMED_OUT)
+        return value, ended, ended is timer
+
+    def _raised(self, job: Job, kind: Kind, extra: dict[str, Any], ended: BaseException) -> Outcome:
+        """The outcome of a handler that raised `ended` (not its timeout)."""
         if isinstance(ended, Failure) and not isinstance(ended.message, str):
             # A handler's bug, and not known to be safe to show.
             kind_of = type(ended.message).__name__
@@ -377,26 +383,7 @@ class Executor:
             logger.warning("job stopped by a storage fault; re-queued", extra=extra)
             delay = kind.options.backoff.delay(1)
             return Outcome(Status.QUEUED, Attempt.REFUND, delay_seconds=delay)
-        if ended is not None:
-            return self._unexpected_error(job, kind, extra, ended)
-        try:
-            result = kind.encode_result(value)
-        except Exception as error:
-            # A handler's bug (or its schema's: any exception, a RecursionError
-            # of a result nested too deep included): another attempt would
-            # only repeat its side effects.
-            logger.error(
-                "handler's result does not match its schema (%s)",
-                type(error).__name__,
-                extra=extra,
-            )
-            return failed(MESSAGE_INTERNAL)
-        size = len(result.encode())
-        if size > MAX_RESULT_BYTES:
-            # A handler's bug too: its result has no bound.
-            logger.error("handler's result is too large (%d bytes)", size, extra=extra)
-            return failed(MESSAGE_INTERNAL)
-        return Outcome(Status.SUCCEEDED, result=result)
+        return self._unexpected_error(job, kind, extra, ended)
 
     def _unexpected_error(
         self, job: Job, kind: Kind, extra: dict[str, Any], error: BaseException
@@ -450,3 +437,36 @@ def _ending(attempt: int, outcome: Outcome) -> tuple[str, str]:
 def _seconds(seconds: float) -> str:
     """A delay as a person reads it: two significant figures (0.01, 4, 120)."""
     return f"{float(f'{seconds:.2g}'):g}"
+
+
+def _log_unloadable_payload(error: Exception, extra: dict[str, Any]) -> None:
+    """The kind's schema code may raise anything; only field names are
+    logged (the text may quote the payload)."""
+    if isinstance(error, ValidationError):
+        fields = sorted(error.messages) if isinstance(error.messages, dict) else []
+        logger.error("stored payload no longer loads (fields %s)", fields, extra=extra)
+    else:
+        logger.error("stored payload no longer loads (%s)", type(error).__name__, extra=extra)
+
+
+def _succeeded(kind: Kind, value: Any, extra: dict[str, Any]) -> Outcome:
+    """The outcome of a handler that returned `value`: succeeded with it
+    stored, unless it does not fit its schema or its bound."""
+    try:
+        result = kind.encode_result(value)
+    except Exception as error:
+        # A handler's bug (or its schema's: any exception, a RecursionError
+        # of a result nested too deep included): another attempt would
+        # only repeat its side effects.
+        logger.error(
+            "handler's result does not match its schema (%s)",
+            type(error).__name__,
+            extra=extra,
+        )
+        return failed(MESSAGE_INTERNAL)
+    size = len(result.encode())
+    if size > MAX_RESULT_BYTES:
+        # A handler's bug too: its result has no bound.
+        logger.error("handler's result is too large (%d bytes)", size, extra=extra)
+        return failed(MESSAGE_INTERNAL)
+    return Outcome(Status.SUCCEEDED, result=result)
