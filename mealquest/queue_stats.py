@@ -10,6 +10,7 @@ scraped every 15 s and a page refreshed every few seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -68,7 +69,11 @@ class CachedFigures:
 
     def _read(self) -> None:
         self.store.write(self.store.operations.fold_counts)
-        self._figures = self.store.read(self.store.operations.queue_figures)
+        figures = self.store.read(self.store.operations.queue_figures)
+        waiting, next_timeout = self.store.read(self.store.signals.waiting_summary)
+        self._figures = dataclasses.replace(
+            figures, waiting_for_household=waiting, next_wait_timeout_seconds=next_timeout
+        )
         self._read_at = self.clock()
 
     def _refresh(self) -> None:

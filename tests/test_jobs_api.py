@@ -44,6 +44,7 @@ def test_get_answers_exactly_the_job_and_its_details(client, auth, jobs, househo
             "ahead_in_household": 0,
             "estimated_start_at": None,
             "waiting_for": "no_worker",
+            "signal": None,
         },
     }
     assert queued.headers["ETag"] == '"1"'

@@ -36,6 +36,8 @@ NAMES = {
     "mealquest_http_requests",
     "mealquest_http_request_duration_seconds",
     "mealquest_kind_paused",
+    "mealquest_jobs_waiting_for_household",
+    "mealquest_jobs_waiting_for_household_next_timeout_seconds",
 }
 
 
@@ -121,6 +123,8 @@ def test_metrics_has_exactly_the_documented_names_and_labels(
         "mealquest_http_requests": {"route", "method", "status"},
         "mealquest_http_request_duration_seconds": {"route"},
         "mealquest_kind_paused": {"kind"},
+        "mealquest_jobs_waiting_for_household": set(),
+        "mealquest_jobs_waiting_for_household_next_timeout_seconds": set(),
     }
     assert families["mealquest_job_run_duration_seconds"].type == "histogram"
     assert families["mealquest_job_wait_seconds"].type == "histogram"

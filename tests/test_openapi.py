@@ -107,7 +107,7 @@ def test_documented_shapes_come_from_the_view_schemas(app):
         | {"created_at", "run_at", "started_at", "finished_at", "version", "queue"}
     )
     assert schemas["Queue"]["required"] == sorted(
-        {"position", "ahead_in_household", "estimated_start_at", "waiting_for"}
+        {"position", "ahead_in_household", "estimated_start_at", "waiting_for", "signal"}
     )
     assert schemas["Queue"]["properties"]["waiting_for"]["enum"] == [
         "paused",
@@ -117,6 +117,7 @@ def test_documented_shapes_come_from_the_view_schemas(app):
         "retry",
         "rate_limit",
         "kind_cap",
+        "household",
         "turn",
     ]
     assert schemas["Job"]["properties"]["started_at"]["format"] == "date-time"

@@ -63,6 +63,7 @@ def test_an_import_answers_202_with_the_job_and_its_location(app, client, auth):
             "ahead_in_household": 0,
             "estimated_start_at": None,
             "waiting_for": "no_worker",
+            "signal": None,
         },
     }
     assert client.get(response.headers["Location"], headers=auth).get_json() == job

@@ -48,10 +48,10 @@ def app(make_app):
     return app
 
 
-def post_batch(client, auth, urls, shopping_list=True):
+def post_batch(client, auth, urls, shopping_list=True, **more):
     return client.post(
         "/api/v1/recipe-imports/batch",
-        json={"urls": urls, "shopping_list": shopping_list},
+        json={"urls": urls, "shopping_list": shopping_list, **more},
         headers=auth,
     )
 
@@ -223,6 +223,74 @@ def test_a_bad_batch_names_the_item_and_writes_nothing(app, store, auth, urls, f
     assert error["fields"] == fields
     for table in ("jobs", "batches", "batch_jobs", "job_dependencies"):
         assert count(store, table) == 0
+
+
+def asked_to_confirm(client, auth, job_id):
+    """The list job's answer once it waits for the household's confirmation."""
+    return wait_for(
+        lambda: (
+            ((found := job(client, auth, job_id)).get("queue") or {}).get("waiting_for")
+            == "household"
+            and found
+        ),
+        timeout=60,
+    )
+
+
+def test_a_list_the_household_confirms_ends_as_they_confirmed_it(app, pages, auth, store):
+    client = app.test_client()
+    urls = [pages.url(f"/week/{index}") for index in range(3)]
+    body = post_batch(client, auth, urls, confirm=True).get_json()
+    list_id = body["shopping_list_job_id"]
+
+    asked = asked_to_confirm(client, auth, list_id)
+    assert asked["queue"]["signal"] == "confirm"
+    merged = asked["result"]
+    assert merged["confirmed"] is False
+    foods = {item["food"] for item in merged["items"]}
+    assert {"olive oil", "burger buns"} <= foods
+
+    # A confirmation that does not fit is refused, naming its field.
+    too_many = client.post(
+        f"/api/v1/jobs/{list_id}/signals/confirm", json={"add": ["x"] * 201}, headers=auth
+    )
+    assert too_many.status_code == 400
+    assert list(too_many.get_json()["error"]["fields"]) == ["add"]
+    answer = client.post(
+        f"/api/v1/jobs/{list_id}/signals/confirm",
+        json={"remove": ["Olive Oil"], "add": ["kitchen roll", "kitchen roll"]},
+        headers=auth,
+    )
+    assert answer.status_code == 202, answer.get_json()
+
+    done = final_job(client, auth, list_id)
+    assert done["status"] == "succeeded", done
+    confirmed = done["result"]
+    assert confirmed["confirmed"] is True
+    rows = [item["text"] for item in confirmed["items"]]
+    assert "6 tbsp olive oil" not in rows
+    assert rows.count("kitchen roll") == 1
+    assert len(rows) == len(merged["items"])  # one out, one in
+    assert confirmed["recipes"] == merged["recipes"] == 3
+    # The list was merged once, whatever the runs: the step kept it.
+    assert sql.scalar(store, "SELECT count(*) FROM job_steps WHERE name = 'merge'") == 1
+
+
+def test_a_list_nobody_confirms_ends_as_merged(make_app, pages):
+    # An app of its own: the module's pool would run the list with its own wait.
+    app, auth = started(make_app, SHOPPING_LIST_CONFIRM_SECONDS=0.5)
+    client = app.test_client()
+    urls = [pages.url(f"/week/{index}") for index in range(2)]
+    body = post_batch(client, auth, urls, confirm=True).get_json()
+    done = final_job(client, auth, body["shopping_list_job_id"])
+    assert (done["status"], done["result"]["confirmed"]) == ("succeeded", False)
+    assert done["result"]["recipes"] == 2
+
+
+def test_confirm_makes_the_list_it_confirms(app, auth):
+    answer = post_batch(app.test_client(), auth, ["https://recipes.example/a"], False, confirm=True)
+    assert answer.status_code == 202
+    assert answer.get_json()["shopping_list_job_id"] is not None
 
 
 def test_a_batch_over_the_quota_is_refused_whole(make_app, store, auth):

@@ -23,13 +23,21 @@ from mealquest.admin import (
     batch_pages,
     bulk_pages,
     household_pages,
+    household_waits_page,
     processes_page,
 )
 from mealquest.admin.guard import csrf
 from mealquest.admin.views import bp
 
 # The pages beside the views' own, on the same blueprint.
-PAGES = (audit_page, batch_pages, bulk_pages, household_pages, processes_page)
+PAGES = (
+    audit_page,
+    batch_pages,
+    bulk_pages,
+    household_pages,
+    household_waits_page,
+    processes_page,
+)
 
 
 class _SessionInterface(SecureCookieSessionInterface):

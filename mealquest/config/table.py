@@ -450,6 +450,14 @@ SETTINGS: tuple[Setting, ...] = (
         "of CPU",
     ),
     Setting(
+        "SHOPPING_LIST_CONFIRM_SECONDS",
+        86_400.0,
+        rules.positive,
+        'how long a shopping list asked for with `"confirm": true` waits for the '
+        "household's confirmation (signal `confirm`); then it ends with the list as merged, "
+        '`"confirmed": false`. It holds no slot while it waits',
+    ),
+    Setting(
         "SHOPPING_LISTS_PER_PROCESS",
         2,
         rules.whole(1),

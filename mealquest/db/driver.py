@@ -45,6 +45,7 @@ from mealquest.model.operators import Operator, OperatorListing
 from mealquest.model.processes import ProcessEntry
 from mealquest.model.queue import QueueFigures, Standing
 from mealquest.model.recipes import ParsedRecipe, Recipe
+from mealquest.model.signals import SignalResult, WaitState
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -164,6 +165,12 @@ class JobStatements(Protocol):
 
     def transition_many(self, tx: Transaction, transitions: Sequence[Transition], /) -> list[bool]:
         """`transition` for each, in as few statements as the driver can."""
+        ...
+
+    def mark_waiting(self, tx: Transaction, job_id: str, name: str, prompt: str, /) -> bool:
+        """After a wait's transition put the job back in the queue: mark it
+        waiting for its household's signal `name`, its result the prompt. If
+        the answer came meanwhile, the job is due now instead (True)."""
         ...
 
     def renew_leases(
@@ -678,6 +685,63 @@ class ProcessStatements(Protocol):
         ...
 
 
+class SignalStatements(Protocol):
+    """A job's durable steps, its waits for its household, and the household's
+    answers (`ctx.step`, `ctx.wait_for`, `POST /jobs/{id}/signals/{name}`)."""
+
+    def kept_step(self, conn: Reads, job_id: str, name: str, /) -> str | None:
+        """The JSON a step of the job kept, or None if it ran to no end yet."""
+        ...
+
+    def keep_step(self, tx: Transaction, lease: Lease, name: str, result: str, /) -> bool:
+        """Keep a step's JSON result, fenced on the lease (False: the lease is
+        no longer held, and nothing is kept). A step kept already keeps its
+        first result."""
+        ...
+
+    def wait_state(self, conn: Reads, job_id: str, name: str, /) -> WaitState:
+        """The household's answer to the job's signal `name`, and whether the
+        wait for it has timed out, by the database's clock."""
+        ...
+
+    def begin_wait(
+        self, tx: Transaction, lease: Lease, name: str, timeout_seconds: float, /
+    ) -> float | None:
+        """Begin the job's wait for `name` unless it began already (its
+        deadline `timeout_seconds` from now), fenced on the lease; the
+        seconds left until its deadline (None: the lease is no longer held)."""
+        ...
+
+    def signal(
+        self,
+        tx: Transaction,
+        job_id: str,
+        name: str,
+        payload: str,
+        /,
+        *,
+        household_id: int | None,
+        idempotency_key: str | None = None,
+    ) -> SignalResult:
+        """Store the household's answer to the job's signal `name`: the job
+        due now if it waits for it, kept for its wait if it has not reached
+        it; refused if it is final, waits for another signal or has this one
+        (see `Signaled`). `idempotency_key` makes a repeat answer as it did."""
+        ...
+
+    def waiting_jobs(
+        self, conn: Reads, /, *, household_id: int | None = None, limit: int = 50
+    ) -> list[Job]:
+        """Queued jobs waiting for their household (of one, or of all), the
+        soonest to time out first."""
+        ...
+
+    def waiting_summary(self, conn: Reads, /) -> tuple[int, float | None]:
+        """How many jobs wait for their household, and the seconds until the
+        soonest of their waits times out (None: none waits)."""
+        ...
+
+
 class StreamStatements(Protocol):
     """Households' open event streams, counted against their limit across
     every process and host; a stream whose process stopped renewing it stops
@@ -806,6 +870,9 @@ class Store(Protocol):
 
     @property
     def streams(self) -> StreamStatements: ...
+
+    @property
+    def signals(self) -> SignalStatements: ...
 
     def write(
         self, fn: Callable[Concatenate[Transaction, P], T], /, *args: P.args, **kwargs: P.kwargs

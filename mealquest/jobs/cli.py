@@ -21,6 +21,7 @@ from mealquest.jobs.service import flow, get_jobs, retention
 from mealquest.masking import mask
 from mealquest.model.batches import Batch
 from mealquest.model.jobs import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, Job, Status
+from mealquest.model.signals import Signaled
 
 jobs_cli = CommandGroup("jobs", help="The job queue.")
 
@@ -273,6 +274,38 @@ def jobs_cancel(job_id: str) -> None:
     if job.status is Status.RUNNING:
         click.echo("running: its process stops it and records it cancelled", err=True)
     _echo_job(job)
+
+
+@jobs_cli.command("signal")
+@click.argument("job_id")
+@click.argument("name")
+@click.option(
+    "--json", "answer_json", required=True, help="the answer, as the kind's schema takes it"
+)
+def jobs_signal(job_id: str, name: str, answer_json: str) -> None:
+    """Answer for a household the job JOB_ID that waits for its signal NAME
+    (checked by the schema its kind declares): the job is due at once; one
+    that has not reached its wait yet finds the answer there. Prints the job."""
+    try:
+        answer = json.loads(answer_json)
+    except ValueError:
+        raise click.ClickException("--json is not valid JSON") from None
+    service = get_jobs()
+    try:
+        result = service.signal(job_id, name, answer, household_id=None)
+    except ValidationError as error:
+        raise click.ClickException(f"invalid: {_one_line(error.messages)}") from None
+    except (JobsError, StoreError) as error:
+        raise click.ClickException(str(error)) from None
+    if result.job is None:
+        raise click.ClickException(f"no job {job_id}")
+    if result.signaled is Signaled.NOT_WAITING:
+        raise click.ClickException(
+            f"job {job_id} does not wait for {name}: it has ended, waits for another "
+            "signal, or has its answer"
+        )
+    audit.record(service.store, None, "signal", f"job {job_id}: {name}")
+    _echo_job(result.job)
 
 
 @jobs_cli.command("pause")

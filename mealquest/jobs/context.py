@@ -7,8 +7,11 @@ whether one of its writes found the lease gone).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack
+
+from marshmallow import Schema
 
 from mealquest.db.driver import Store, Transaction
 from mealquest.jobs.errors import LeaseLost, ResultTooLarge
@@ -16,6 +19,12 @@ from mealquest.jobs.job_log import JobLog
 from mealquest.jobs.options import FollowUpOptions
 from mealquest.model.batches import BatchOutcome
 from mealquest.model.jobs import MAX_RESULT_BYTES, Job, Lease, NewJob
+from mealquest.model.signals import (
+    DEFAULT_WAIT_SECONDS,
+    NAME_RULE,
+    WaitForHousehold,
+    is_name,
+)
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -53,6 +62,7 @@ class JobContext:
         encode_partial: Callable[[Any], str],
         prepare: Prepare = _cannot_enqueue,
         is_cancelled: Callable[[], bool] = lambda: False,
+        signal_schema: Callable[[str], Schema | None] = lambda name: None,
     ) -> None:
         self.job_id = job.id
         self.household_id = job.household_id
@@ -77,6 +87,7 @@ class JobContext:
         self._encode_partial = encode_partial
         self._prepare = prepare
         self._is_cancelled = is_cancelled
+        self._signal_schema = signal_schema
 
     @property
     def claim(self) -> str:
@@ -157,3 +168,66 @@ class JobContext:
             return fn(tx, *args, **kwargs)
 
         return self.store.write(fenced)
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, run once per job: its JSON result is kept (fenced on
+        this attempt's lease), and a later attempt, or the run that resumes
+        the job after a wait, gets the kept result without running `fn`
+        again. `name` names the step within the job (1 to 64 lowercase
+        letters, digits or underscores); the result must be JSON (as
+        `json.dumps` takes it), at most `MAX_RESULT_BYTES` as JSON, and is
+        returned as JSON reads back (a tuple as a list). A step that raises
+        keeps nothing: the next run runs it again."""
+        if not is_name(name):
+            raise ValueError(f"step {name!r}: its name {NAME_RULE}")
+        kept = self.store.read(self.store.signals.kept_step, self.job_id, name)
+        if kept is not None:
+            return json.loads(kept)
+        encoded = json.dumps(fn(*args), separators=(",", ":"))
+        if len(encoded.encode()) > MAX_RESULT_BYTES:
+            self.result_too_large = True
+            raise ResultTooLarge()
+        if not self.store.write(self.store.signals.keep_step, self._lease, name, encoded):
+            self.lease_found_lost = True
+            raise LeaseLost()
+        # Another run of the job may have kept it first: the kept one is the step's.
+        kept = self.store.read(self.store.signals.kept_step, self.job_id, name)
+        return json.loads(kept if kept is not None else encoded)
+
+    def wait_for(
+        self, name: str, *, timeout_seconds: float = DEFAULT_WAIT_SECONDS, prompt: Any = None
+    ) -> Any:
+        """The household's answer to the signal `name` (declared by the kind's
+        `KindOptions(signals=...)`), loaded by its schema, once it has come;
+        None once the wait has timed out.
+
+        Until then this ends the attempt, without spending it: the job goes
+        back to the queue waiting for its household (`queue.waiting_for`
+        "household", `queue.signal` the name), holding no slot and no lease,
+        its result the `prompt` (JSON: what the household is asked). Their
+        answer (`POST /api/v1/jobs/{id}/signals/{name}`) makes it due; so
+        does `timeout_seconds` after the wait began. Either way the job runs
+        again from the start: what it did before the wait belongs in
+        `ctx.step`s, which do not run twice. An answer that came before the
+        job reached its wait is kept for it, and returned at once."""
+        schema = self._signal_schema(name)
+        if schema is None:
+            raise ValueError(f"the kind declares no signal {name!r} (KindOptions.signals)")
+        if timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive")
+        state = self.store.read(self.store.signals.wait_state, self.job_id, name)
+        if state.answer is not None:
+            return schema.load(json.loads(state.answer))
+        if state.timed_out:
+            return None
+        encoded = json.dumps(prompt, separators=(",", ":"))
+        if len(encoded.encode()) > MAX_RESULT_BYTES:
+            self.result_too_large = True
+            raise ResultTooLarge()
+        left = self.store.write(
+            self.store.signals.begin_wait, self._lease, name, float(timeout_seconds)
+        )
+        if left is None:
+            self.lease_found_lost = True
+            raise LeaseLost()
+        raise WaitForHousehold(name, left, encoded)

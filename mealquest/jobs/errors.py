@@ -33,6 +33,10 @@ class TooManyJobs(JobsError):
         self.retry_after = retry_after
 
 
+class UnknownSignal(JobsError):
+    """The job's kind takes no signal of that name."""
+
+
 class ResultTooLarge(JobsError):
     """The job's result is larger than a job may store."""
 

@@ -21,6 +21,7 @@ from marshmallow import RAISE, Schema, ValidationError
 from mealquest.jobs.cron import CronSchedule
 from mealquest.jobs.errors import RegistrationError
 from mealquest.model.jobs import OnInterrupt, PartitionLimits, Rate
+from mealquest.model.signals import NAME_RULE, is_name
 from mealquest.storable import storable_text
 
 if TYPE_CHECKING:
@@ -84,6 +85,10 @@ class KindOptions:
     `per_seconds` (at most a day). Both are exact across processes and
     hosts, and claims pass over a partition at its limit to take the next
     job in their order. Register a kind with the same limits everywhere.
+
+    `signals` are the answers a job of the kind may wait for from its
+    household (`ctx.wait_for`), each with the marshmallow schema that
+    validates it before it is stored (`POST /api/v1/jobs/{id}/signals/{name}`).
     """
 
     max_attempts: int = 1
@@ -97,6 +102,7 @@ class KindOptions:
     partition: PartitionOf | None = None
     max_running_per_partition: int | None = None
     rate: tuple[int, float] | None = None
+    signals: Mapping[str, Schema | type[Schema]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -115,6 +121,20 @@ class KindOptions:
             if cap is not None and not _whole(cap, 1):
                 raise RegistrationError(f"{name} must be a whole number, 1 or more, or None")
         self._check_partition()
+        for name, schema in self.signals.items():
+            if not isinstance(name, str) or not is_name(name):
+                raise RegistrationError(f"signal {name!r}: its name {NAME_RULE}")
+            if not (
+                isinstance(schema, Schema)
+                or (isinstance(schema, type) and issubclass(schema, Schema))
+            ):
+                raise RegistrationError(f"signal {name!r}: its schema must be a marshmallow Schema")
+
+    def signal_schema(self, name: str) -> Schema | None:
+        """The schema of the signal `name` (an instance), or None if the kind
+        declares no such signal."""
+        schema = self.signals.get(name)
+        return schema() if isinstance(schema, type) else schema
 
     def _check_partition(self) -> None:
         partition = self.partition

@@ -121,6 +121,19 @@ class _QueueCollector(Collector):
         for kind in sorted(set(self.figures.kinds()) | set(self.figures.paused)):
             paused.add_metric([kind], 1.0 if kind in self.figures.paused else 0.0)
         yield paused
+        yield GaugeMetricFamily(
+            "mealquest_jobs_waiting_for_household",
+            "Queued jobs waiting for their household's answer (`ctx.wait_for`).",
+            value=self.figures.waiting_for_household,
+        )
+        next_timeout = GaugeMetricFamily(
+            "mealquest_jobs_waiting_for_household_next_timeout_seconds",
+            "Seconds until the soonest wait for a household's answer times out "
+            "(absent while none waits).",
+        )
+        if self.figures.next_wait_timeout_seconds is not None:
+            next_timeout.add_metric([], self.figures.next_wait_timeout_seconds)
+        yield next_timeout
 
 
 class _SizedFilesCollector(MultiProcessCollector):

@@ -236,6 +236,9 @@ class Job:
     # One more at every write that changes what the household sees of the job
     # (the `ETag` of its object, the id of its stream's events).
     version: int = 1
+    # The signal a queued job waits for from its household (`ctx.wait_for`);
+    # None when it waits for nothing of theirs.
+    waiting_signal: str | None = None
     # Set when the stored result is not JSON (a legacy or hand-edited row):
     # the result reads as None, and the runner fails such a job alone.
     result_undecodable: bool = False

@@ -23,6 +23,10 @@ class QueueFigures:
     oldest_due: dict[str, DueJob] = field(default_factory=dict)
     finished_last_hour: int = 0
     paused: tuple[str, ...] = ()
+    # Queued jobs waiting for their household's answer, and the seconds until
+    # the soonest of those waits times out (None: none waits).
+    waiting_for_household: int = 0
+    next_wait_timeout_seconds: float | None = None
 
     def by_status(self) -> dict[str, int]:
         totals: dict[str, int] = {}

@@ -81,7 +81,9 @@ def create_import_batch() -> tuple[dict[str, Any], int, dict[str, str]]:
         batched = enqueue_batch(
             [JobRequest(KIND, {"url": url}, household_id) for url in body["urls"]],
             on_complete=(
-                JobRequest(shopping_list.KIND, {}, household_id) if body["shopping_list"] else None
+                JobRequest(shopping_list.KIND, {"confirm": body["confirm"]}, household_id)
+                if body["shopping_list"] or body["confirm"]
+                else None
             ),
             unique_key=key,
         )

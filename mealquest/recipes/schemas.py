@@ -109,6 +109,16 @@ class RecipeImportBatchSchema(Schema):
         load_default=False,
         metadata={"description": "also make one shopping list once every import is final"},
     )
+    confirm = StrictBoolean(
+        load_default=False,
+        metadata={
+            "description": (
+                "make the shopping list (as `shopping_list` does) and have its job wait for "
+                "the household to confirm it (signal `confirm`): it ends with the list as "
+                "confirmed"
+            )
+        },
+    )
 
     @validates("urls")
     def _each_once(self, urls: list[str], **_: Any) -> None:

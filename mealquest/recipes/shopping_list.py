@@ -8,6 +8,15 @@ in the units a cook uses. Members that did not succeed are named in
 `skipped`, each with the URL it was to import; with none succeeded there is
 no list, and the job fails with a message the household may read.
 
+With `"confirm": true` the household has its say before the list is final:
+the merged list is kept (a step: never merged twice), then the job waits for
+the signal `confirm` (`{"remove": [food, ...], "add": [text, ...]}`), its
+result meanwhile the merged list with `"confirmed": false`. It ends with
+the list as the household confirmed it (`"confirmed": true`), or, if no
+answer came within `MEALQUEST_SHOPPING_LIST_CONFIRM_SECONDS`, with the list
+as merged (`"confirmed": false`). A list nobody was asked about has
+`"confirmed": null`.
+
 Reading the lines is CPU work (a model per line, about 2 ms, and a third of
 a second to load it once per process) whose cost a stranger's line can
 raise (`ingredients.MAX_LINE_TOKENS`): it runs in a parser process
@@ -26,7 +35,7 @@ import logging
 from typing import Any
 
 from flask import Flask
-from marshmallow import Schema, fields
+from marshmallow import Schema, fields, validate
 
 from mealquest import jobs
 from mealquest.jobs import Failure, JobContext, KindOptions
@@ -47,8 +56,36 @@ _START_AND_STORE_SECONDS = 30.0
 MAX_TITLE_CHARS = 120
 
 
+# What a household's confirmation may hold: rows to take out, rows to add.
+MAX_CONFIRM_ITEMS = 200
+MAX_CONFIRM_CHARS = 200
+
+
 class ShoppingListPayloadSchema(Schema):
-    """Nothing: the list is made from the batch it completes."""
+    """Whether to ask the household to confirm the list; the list itself is
+    made from the batch the job completes."""
+
+    confirm = fields.Boolean(load_default=False)
+
+
+def _confirm_list(description: str) -> fields.List:
+    return fields.List(
+        fields.String(validate=validate.Length(1, MAX_CONFIRM_CHARS)),
+        load_default=list,
+        validate=validate.Length(max=MAX_CONFIRM_ITEMS),
+        metadata={"description": f"{description}, at most {MAX_CONFIRM_ITEMS}"},
+    )
+
+
+# --8<-- [start:signal]
+class ConfirmSchema(Schema):
+    """The household's confirmation of its list (signal `confirm`)."""
+
+    remove = _confirm_list("foods to take off the list, as its rows name them")
+    add = _confirm_list("rows to add, as the household writes them")
+
+
+# --8<-- [end:signal]
 
 
 class AmountSchema(Schema):
@@ -109,9 +146,59 @@ class ShoppingListSchema(Schema):
         required=True,
         metadata={"description": "the batch's imports that did not succeed"},
     )
+    confirmed = fields.Boolean(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": (
+                "true: as the household confirmed it; false: as merged, waiting for (or past "
+                "waiting for) their confirmation; null: they were not asked"
+            )
+        },
+    )
 
 
-def make_list(payload: dict[str, Any], ctx: JobContext, *, seconds: float) -> dict[str, Any]:
+# --8<-- [start:handler]
+def make_list(
+    payload: dict[str, Any], ctx: JobContext, *, seconds: float, confirm_seconds: float
+) -> dict[str, Any]:
+    merged = ctx.step("merge", _merged, ctx, seconds)
+    if not payload["confirm"]:
+        return {**merged, "confirmed": None}
+    answer = ctx.wait_for(
+        "confirm", timeout_seconds=confirm_seconds, prompt={**merged, "confirmed": False}
+    )
+    if answer is None:
+        return {**merged, "confirmed": False}
+    return {**_bounded(confirmed_list(merged, answer["remove"], answer["add"])), "confirmed": True}
+
+
+# --8<-- [end:handler]
+
+
+def confirmed_list(merged: dict[str, Any], remove: list[str], add: list[str]) -> dict[str, Any]:
+    """The list with the rows whose food the household named taken out (in
+    any case), and theirs added as they wrote them, each once."""
+    removed = {food.strip().casefold() for food in remove}
+    items = [item for item in merged["items"] if item["food"].casefold() not in removed]
+    listed = {item["text"].casefold() for item in items}
+    for text in dict.fromkeys(row.strip() for row in add):
+        if text and text.casefold() not in listed:
+            items.append(
+                {
+                    "food": text,
+                    "quantity": None,
+                    "unit": None,
+                    "amounts": [],
+                    "text": text,
+                    "from": [],
+                }
+            )
+    return {**merged, "items": items}
+
+
+def _merged(ctx: JobContext, seconds: float) -> dict[str, Any]:
+    """The batch's recipes merged into one list (the job's step `merge`)."""
     outcome = ctx.batch()
     if outcome is None:
         raise Failure(NOT_A_BATCH)
@@ -131,8 +218,11 @@ def make_list(payload: dict[str, Any], ctx: JobContext, *, seconds: float) -> di
             extra={"job_id": ctx.job_id, "kind": ctx.kind, "attempt": ctx.attempt},
         )
         raise Failure(TOO_SLOW) from None
-    result = {"recipes": len(recipes), "items": items, "skipped": skipped}
-    if len(json.dumps(result)) > MAX_RESULT_BYTES:
+    return _bounded({"recipes": len(recipes), "items": items, "skipped": skipped})
+
+
+def _bounded(result: dict[str, Any]) -> dict[str, Any]:
+    if len(json.dumps(result)) > MAX_RESULT_BYTES - 100:  # and its `confirmed`
         raise Failure(TOO_LONG)
     return result
 
@@ -154,9 +244,10 @@ def _skipped(ctx: JobContext, job_ids: list[str]) -> list[dict[str, Any]]:
 
 def init_app(app: Flask) -> None:
     seconds = float(app.config["SHOPPING_LIST_SECONDS"])
+    confirm_seconds = float(app.config["SHOPPING_LIST_CONFIRM_SECONDS"])
 
     def handler(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        return make_list(payload, ctx, seconds=seconds)
+        return make_list(payload, ctx, seconds=seconds, confirm_seconds=confirm_seconds)
 
     jobs.register(
         app,
@@ -173,5 +264,8 @@ def init_app(app: Flask) -> None:
             max_running_per_process=min(
                 int(app.config["SHOPPING_LISTS_PER_PROCESS"]), int(app.config["JOB_WORKERS"])
             ),
+            # --8<-- [start:register]
+            signals={"confirm": ConfirmSchema},
+            # --8<-- [end:register]
         ),
     )

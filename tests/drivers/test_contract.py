@@ -32,6 +32,7 @@ SETS = {
     "audit": driver.AuditStatements,
     "history": driver.HistoryStatements,
     "batches": driver.BatchStatements,
+    "signals": driver.SignalStatements,
 }
 STORES = {"sqlite": SqliteStore, "postgresql": PostgresStore}
 

@@ -353,6 +353,7 @@ def test_a_queued_job_says_where_it_stands_and_why_it_waits(site):
         "ahead_in_household": 3,
         "estimated_start_at": None,
         "waiting_for": "no_worker",
+        "signal": None,
     }
     # A slot frees and the first waiting job takes it: the others move up by one.
     site.gates.open("hold0")

@@ -8,7 +8,15 @@ from typing import Any
 
 import gevent
 from gevent.monkey import get_original
-from marshmallow import Schema, ValidationError, fields, post_load, pre_load, validates_schema
+from marshmallow import (
+    Schema,
+    ValidationError,
+    fields,
+    post_load,
+    pre_load,
+    validate,
+    validates_schema,
+)
 
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
@@ -362,7 +370,53 @@ RATED = (2, 1.0)
 RATED_HOURLY = (2, 3600.0)
 
 
+class AskSchema(Schema):
+    log = fields.String(required=True)
+    timeout = fields.Float(load_default=86_400.0)
+    # A gate the job passes between its step and its wait (a test holds it there).
+    gate = fields.String(load_default=None)
+
+
+class AnswerSchema(Schema):
+    count = fields.Integer(required=True, strict=True, validate=validate.Range(min=0, max=100))
+
+
+class AskedSchema(Schema):
+    answer = fields.Integer(allow_none=True, required=True)
+    prepared = fields.Integer(required=True)
+
+
+def _prepare(log: str) -> dict[str, Any]:
+    """The step: counted in the log, one line a run of it."""
+    _append_line(log, f"step {os.getpid()}")
+    with open(log) as lines:
+        return {"prepared": sum(1 for line in lines if line.startswith("step "))}
+
+
+def ask_household(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """A step, then (past the gate, if any) a wait for the household's `answer`."""
+    prepared = ctx.step("prepare", _prepare, payload["log"])
+    if payload["gate"]:
+        pass_gate(payload["gate"])
+    answer = ctx.wait_for(
+        "answer",
+        timeout_seconds=payload["timeout"],
+        prompt={"question": "how many?", "prepared": prepared["prepared"]},
+    )
+    return {
+        "answer": None if answer is None else answer["count"],
+        "prepared": prepared["prepared"],
+    }
+
+
 def register_test_kinds(registry: Registry) -> None:
+    registry.register(
+        "ask_household",
+        ask_household,
+        payload=AskSchema,
+        result=AskedSchema,
+        options=KindOptions(signals={"answer": AnswerSchema, "other": AnswerSchema}),
+    )
     registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
     registry.register("range", accept, payload=RangeSchema, result=EmptySchema)
     registry.register("one_at_a_time", accept, payload=OneAtATimeSchema, result=EmptySchema)

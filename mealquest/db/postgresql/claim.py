@@ -123,7 +123,7 @@ picks AS (
 next AS (SELECT seq FROM ({ranked}) AS r ORDER BY turn, place LIMIT %(limit)s)
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = %(owner)s,
     lease_expires_at = {now} + make_interval(secs => %(lease_seconds)s),
-    started_at = {now}, updated_at = {now}, {next_version}
+    started_at = {now}, updated_at = {now}, waiting_signal = NULL, {next_version}
 WHERE jobs.seq = ANY(ARRAY(SELECT seq FROM next))
 RETURNING {returning}"""
 

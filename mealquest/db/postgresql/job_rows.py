@@ -13,7 +13,7 @@ COLUMNS = (
     "id, seq, household_id, kind, payload, status, result, error, attempt, max_attempts, "
     "run_at, lease_owner, lease_expires_at, created_at, updated_at, started_at, finished_at, "
     "on_interrupt, interruptions, priority, unique_key, cancel_requested_at, snoozes, "
-    "partition_key, version"
+    "partition_key, version, waiting_signal"
 )
 # Every statement that changes what a household sees of a job sets its next
 # version itself (the migration's trigger catches any other write).

@@ -29,6 +29,7 @@ from mealquest.db.postgresql import standing as standing_reads
 from mealquest.db.postgresql.claim import claim as claim
 from mealquest.db.postgresql.claim import has_due_job as has_due_job
 from mealquest.db.postgresql.job_rows import COLUMNS, NEXT_VERSION, NOW, qualified, to_job
+from mealquest.db.postgresql.signals import mark_waiting as mark_waiting
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.households import Household
 from mealquest.model.jobs import (

@@ -58,6 +58,7 @@ from mealquest.db.driver import (
     RecipeStatements,
     RetentionStatements,
     SessionStatements,
+    SignalStatements,
     StreamStatements,
     Transaction,
 )
@@ -84,6 +85,7 @@ from mealquest.db.postgresql import (
     recipes,
     retention,
     sessions,
+    signals,
     streams,
 )
 from mealquest.db.postgresql.driver_logs import quiet_driver_logs
@@ -219,6 +221,7 @@ class PostgresStore:
     flow: FlowStatements = flow
     processes: ProcessStatements = processes
     streams: StreamStatements = streams
+    signals: SignalStatements = signals
     audit: AuditStatements = audit
     history: HistoryStatements = history
 

@@ -90,6 +90,7 @@ picks AS (
 )
 UPDATE jobs SET status = 'running', attempt = attempt + 1, lease_owner = :owner,
     lease_expires_at = :lease_expires_at, started_at = :moment, updated_at = :moment,
+    waiting_signal = NULL,
     {next_version}
 WHERE seq IN (SELECT seq FROM ({ranked}) ORDER BY turn, place LIMIT :limit)
 RETURNING {columns}"""

@@ -26,6 +26,7 @@ from mealquest.db.sqlite import standing as standing_reads
 from mealquest.db.sqlite.claim import claim as claim
 from mealquest.db.sqlite.claim import has_due_job as has_due_job
 from mealquest.db.sqlite.job_rows import COLUMNS, NEXT_VERSION, moment_of, moment_text
+from mealquest.db.sqlite.signals import mark_waiting as mark_waiting
 from mealquest.model.households import Household
 from mealquest.model.jobs import (
     MAX_INTERRUPTIONS,

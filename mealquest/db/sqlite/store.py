@@ -58,6 +58,7 @@ from mealquest.db.driver import (
     RecipeStatements,
     RetentionStatements,
     SessionStatements,
+    SignalStatements,
     StreamStatements,
     Transaction,
 )
@@ -84,6 +85,7 @@ from mealquest.db.sqlite import (
     recipes,
     retention,
     sessions,
+    signals,
     streams,
 )
 from mealquest.db.sqlite.connection import (
@@ -211,6 +213,7 @@ class SqliteStore:
     flow: FlowStatements = flow
     processes: ProcessStatements = processes
     streams: StreamStatements = streams
+    signals: SignalStatements = signals
     audit: AuditStatements = audit
     history: HistoryStatements = history
 

@@ -67,7 +67,7 @@ def _write_batch(
     )
     for pending, matched in zip(batch, recorded, strict=True):
         if matched:
-            pending.outcome.write_follow_ups(jobs, tx)
+            pending.outcome.write_after(jobs, tx, pending.lease)
     return recorded, jobs.claim(tx, claim) if claim else []
 
 
@@ -204,7 +204,7 @@ class Completer:
             for pending, matched in zip(batch, recorded, strict=True):
                 pending.recorded.set(matched)
             if any(
-                matched and pending.outcome.follow_ups
+                matched and (pending.outcome.follow_ups or pending.outcome.waiting)
                 for pending, matched in zip(batch, recorded, strict=True)
             ):
                 self._wake()

@@ -44,6 +44,7 @@ from mealquest.model.jobs import (
     Snooze,
     Status,
 )
+from mealquest.model.signals import WaitForHousehold
 from mealquest.storable import storable_text
 
 logger = logging.getLogger(__name__)
@@ -227,6 +228,9 @@ class Executor:
         if outcome.snoozed:
             logger.info("job snoozed for %.1fs", outcome.delay_seconds or 0.0, extra=extra)
             return "snoozed"
+        if outcome.waiting is not None:
+            logger.info("job waits for its household (signal %s)", outcome.waiting[0], extra=extra)
+            return "waiting"
         if outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
             logger.info("job re-queued for attempt %d", entry.job.attempt + 1, extra=extra)
             return "retried"
@@ -319,6 +323,7 @@ class Executor:
             encode_partial=kind.encode_partial,
             prepare=functools.partial(enqueueing.prepare, self.registry),
             is_cancelled=lambda: entry.cancelled_at is not None,
+            signal_schema=kind.options.signal_schema,
         )
         entry.context = context
         value, ended, timed_out = self._run_handler(entry, kind, payload, context)
@@ -378,6 +383,14 @@ class Executor:
             return failed(message)
         if isinstance(ended, Snooze):
             return self._snooze(job, ended, extra)
+        if isinstance(ended, WaitForHousehold):
+            # Not the job's doing: its attempt is not spent, however long it waits.
+            return Outcome(
+                Status.QUEUED,
+                Attempt.REFUND,
+                delay_seconds=ended.seconds,
+                waiting=(ended.name, ended.prompt),
+            )
         if isinstance(ended, StoreUnavailable):
             # The database, not the job: another attempt is owed, not spent.
             logger.warning("job stopped by a storage fault; re-queued", extra=extra)
@@ -425,6 +438,11 @@ def _ending(attempt: int, outcome: Outcome) -> tuple[str, str]:
     if outcome.snoozed:
         delay = _seconds(outcome.delay_seconds or 0.0)
         return "INFO", f"attempt {attempt} snoozed for {delay} s (not counted)"
+    if outcome.waiting is not None:
+        return (
+            "INFO",
+            f"attempt {attempt} waits for its household's {outcome.waiting[0]} (not counted)",
+        )
     if outcome.to is Status.QUEUED and outcome.attempt is Attempt.SPEND:
         why = f": {outcome.reason}" if outcome.reason else ""
         delay = _seconds(outcome.delay_seconds or 0.0)

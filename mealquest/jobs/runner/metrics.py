@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted"
 SNOOZED = "snoozed"
+# An attempt that ended to wait for the household's answer (`ctx.wait_for`).
+WAITING = "waiting"
 # An attempt that ends queued again is a retry (its attempt spent or, after a
 # storage fault, refunded) unless its handler snoozed it; the other outcomes
 # are named by their status.
@@ -37,6 +39,8 @@ _OUTCOMES = {Status.QUEUED: "retried"}
 def _outcome_label(outcome: Outcome) -> str:
     if outcome.snoozed:
         return SNOOZED
+    if outcome.waiting is not None:
+        return WAITING
     return _OUTCOMES.get(outcome.to, str(outcome.to))
 
 

@@ -32,6 +32,9 @@ class Outcome:
     # Why an attempt retried ended so, for the operators' story of the job
     # (its log), never stored on the row: a queued job shows no error.
     reason: str | None = None
+    # A wait for the household (`ctx.wait_for`): the signal's name and the
+    # prompt (JSON), marked on the job once it is back in the queue.
+    waiting: tuple[str, str] | None = None
 
     def transition(self, lease: Lease) -> Transition:
         """The fenced state change this outcome writes for `lease`."""
@@ -45,8 +48,11 @@ class Outcome:
             snoozed=self.snoozed,
         )
 
-    def write_follow_ups(self, jobs: JobStatements, tx: Transaction) -> None:
-        """Insert the follow-ups once the success's fenced write matched."""
+    def write_after(self, jobs: JobStatements, tx: Transaction, lease: Lease) -> None:
+        """Once the fenced write matched: insert a success's follow-ups, or
+        mark a wait's job waiting for its household."""
+        if self.waiting is not None:
+            jobs.mark_waiting(tx, lease.job_id, *self.waiting)
         if self.to is Status.SUCCEEDED:
             for job in self.follow_ups:
                 # A follow-up whose key another job holds is that job: the
@@ -58,7 +64,7 @@ class Outcome:
         whether the fence matched; the follow-ups are written only then."""
         matched = jobs.transition(tx, self.transition(lease))
         if matched:
-            self.write_follow_ups(jobs, tx)
+            self.write_after(jobs, tx, lease)
         return matched
 
 

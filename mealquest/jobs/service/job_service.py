@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Unpack
 
@@ -16,7 +17,7 @@ from mealquest.extensions import get_store
 from mealquest.jobs import enqueueing
 from mealquest.jobs.authoring import JOBS_KEY
 from mealquest.jobs.enqueueing import Enqueued, JobRequest
-from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted
+from mealquest.jobs.errors import IdempotencyKeyReused, PoolAlreadyStarted, UnknownSignal
 from mealquest.jobs.options import EnqueueOptions
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.runner.pool import Pool
@@ -26,7 +27,8 @@ from mealquest.jobs.service.batch_rules import prepare_batch
 from mealquest.jobs.service.writing import BatchRepeated, JobWriter
 from mealquest.model.batches import Batch, Batched
 from mealquest.model.households import Household
-from mealquest.model.jobs import Job, LogLine, Status
+from mealquest.model.jobs import MAX_RESULT_BYTES, Job, LogLine, Status
+from mealquest.model.signals import Signaled, SignalResult
 
 
 class JobService:
@@ -227,6 +229,46 @@ class JobService:
         if job is not None and job.status is Status.QUEUED:
             self._wake_pool()
         return job
+
+    def signal(
+        self,
+        job_id: str,
+        name: str,
+        answer: Any,
+        *,
+        household_id: int | None,
+        idempotency_key: str | None = None,
+    ) -> SignalResult:
+        """Give a job (of that household; any household's with None, for
+        operators) its household's answer to the signal `name`: validated by
+        the schema its kind declares for it (ValidationError, nothing
+        stored; `UnknownSignal` for a name the kind does not declare), then
+        stored. A job waiting for it is due at once (this process's pool is
+        woken); one that has not reached its wait yet finds it there. A
+        final job, one that waits for another signal, or one answered
+        already is refused (`Signaled.NOT_WAITING`), unless it is the same
+        request again (`idempotency_key`: `Signaled.REPEATED`)."""
+        job = self.get(job_id, household_id=household_id)
+        if job is None:
+            return SignalResult(Signaled.NO_JOB, None)
+        kind = self.registry.get(job.kind)
+        schema = None if kind is None else kind.options.signal_schema(name)
+        if schema is None:
+            raise UnknownSignal()
+        payload = json.dumps(schema.dump(schema.load(answer)), separators=(",", ":"))
+        if len(payload.encode()) > MAX_RESULT_BYTES:
+            raise ValidationError({"_schema": ["the answer is larger than a job may keep"]})
+        result = self.store.write(
+            self.store.signals.signal,
+            job_id,
+            name,
+            payload,
+            household_id=household_id,
+            idempotency_key=idempotency_key,
+        )
+        if result.signaled is Signaled.RESUMED:
+            self._wake_pool()
+        return result
 
     def _wake_pool(self) -> None:
         if self.pool is not None:

@@ -74,8 +74,15 @@ class WaitingFor(enum.StrEnum):
     """Its partition is at its limit."""
     KIND_CAP = "kind_cap"
     """Its kind runs as many jobs as the deployment allows (`max_running`)."""
+    HOUSEHOLD = "household"
+    """It waits for its household's answer (`queue.signal` names it), or
+    for its wait to time out."""
     TURN = "turn"
     """Due: other jobs go first."""
+
+
+# Waits no run time can estimate the end of.
+_NOT_ESTIMATED = (WaitingFor.PAUSED, WaitingFor.DEPENDENCIES, WaitingFor.HOUSEHOLD)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,8 @@ def waiting_for(job: Job, facts: QueueFacts) -> WaitingFor:
         return WaitingFor.PAUSED
     if job.kind not in facts.live_kinds:
         return WaitingFor.NO_WORKER
+    if job.waiting_signal is not None:
+        return WaitingFor.HOUSEHOLD
     if job.run_at >= _WAITING:
         return WaitingFor.DEPENDENCIES
     if job.run_at > facts.standing.now:
@@ -179,10 +188,11 @@ class Standings:
                 "ahead_in_household": standing.ahead_in_household,
                 "estimated_start_at": (
                     estimated_start(job, standing, serving, self.run_seconds(job.kind))
-                    if serving and reason not in (WaitingFor.PAUSED, WaitingFor.DEPENDENCIES)
+                    if serving and reason not in _NOT_ESTIMATED
                     else None
                 ),
                 "waiting_for": str(reason),
+                "signal": job.waiting_signal,
             }
         return queues
 

@@ -20,12 +20,13 @@ from mealquest.auth import (
 from mealquest.errors import APIError, conflict, error_response, not_found
 from mealquest.extensions import get_store
 from mealquest.households import TOKEN_PREFIX, digest_of_wellformed
-from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyJobs, TooManyStreams
+from mealquest.jobs.errors import ProcessHoldsTooMany, TooManyJobs, TooManyStreams, UnknownSignal
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.service.live import get_live
 from mealquest.jobs.service.watcher import TOKEN, Credential, WatcherClosed, wait_for_version
 from mealquest.jobs.web import conditional, events
 from mealquest.jobs.web.answers import job_answer, job_dumper
+from mealquest.jobs.web.enqueue_route import IDEMPOTENCY_HEADER_PARAMETER, idempotency_key
 from mealquest.jobs.web.schemas import (
     JOB_ID_PATTERN,
     JobListQuerySchema,
@@ -33,10 +34,14 @@ from mealquest.jobs.web.schemas import (
     JobPathSchema,
     JobSchema,
     JobWaitQuerySchema,
+    SignalBodySchema,
+    SignalPathSchema,
     dump_job,
 )
 from mealquest.model.households import Household
 from mealquest.model.jobs import FINAL_STATUSES, Job, Status
+from mealquest.model.signals import NAME_PATTERN as SIGNAL_NAME_PATTERN
+from mealquest.model.signals import Signaled
 from mealquest.openapi import operation
 from mealquest.pagination import decode_cursor, paginate
 from mealquest.read_cache import ReadCache
@@ -330,3 +335,55 @@ def cancel_job(job_id: str) -> tuple[dict[str, Any], int]:
     if job.status in (Status.SUCCEEDED, Status.FAILED):
         raise conflict(f"the job has already {job.status.value}")
     return job_answer(job), 202 if job.status is Status.RUNNING else 200
+
+
+_signal_path_schema = SignalPathSchema()
+_signal_body_schema = SignalBodySchema()
+_signal_name = re.compile(SIGNAL_NAME_PATTERN)
+
+
+@bp.post("/<job_id>/signals/<name>")
+@operation(
+    path=_signal_path_schema,
+    body=_signal_body_schema,
+    response=_job_schema,
+    status=202,
+    errors=(409,),
+    headers=(IDEMPOTENCY_HEADER_PARAMETER,),
+)
+def signal_job(job_id: str, name: str) -> tuple[dict[str, Any], int]:
+    """Answer a job that asks its household (`queue.waiting_for` `household`).
+
+    The body is checked by the schema the job's kind declares for the signal
+    `name` (`400` naming the field that does not fit, and nothing stored).
+    A job waiting for it is due at once (`202`, the job); one still running,
+    or not started yet, keeps the answer for its wait (`202`). A final job,
+    one waiting for another signal, or one answered already is `409
+    not_waiting`; the same request again with its `Idempotency-Key` answers
+    `202` with the job as it is. A name the job's kind does not take is
+    `404`, as is another household's job.
+    """
+    key = idempotency_key()
+    answer = request.get_json()
+    if not _job_id.match(job_id) or not _signal_name.match(name):
+        raise not_found("job not found")
+    try:
+        result = get_jobs().signal(
+            job_id,
+            name,
+            answer,
+            household_id=current_household().id,
+            idempotency_key=key,
+        )
+    except UnknownSignal:
+        raise not_found("the job's kind takes no signal of that name") from None
+    if result.job is None:
+        raise not_found("job not found")
+    if result.signaled is Signaled.NOT_WAITING:
+        raise APIError(
+            409,
+            "not_waiting",
+            "the job does not wait for that signal: it has ended, waits for another, "
+            "or has its answer",
+        )
+    return job_answer(result.job), 202

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, fields, validate
+from marshmallow import EXCLUDE, INCLUDE, Schema, fields, validate
 
 from mealquest.ascii_numbers import DecimalField
 from mealquest.jobs.service.standing import POSITION_COUNTED, WaitingFor
 from mealquest.model.jobs import Job, Status
+from mealquest.model.signals import NAME_PATTERN as SIGNAL_NAME_PATTERN
 from mealquest.pagination import PageQuerySchema
 
 JOB_ID_PATTERN = r"^[0-9a-f]{32}$"
@@ -22,6 +23,24 @@ class JobPathSchema(Schema):
         validate=validate.Regexp(JOB_ID_PATTERN),
         metadata={"description": "the job's id (32 lowercase hex digits)"},
     )
+
+
+class SignalPathSchema(JobPathSchema):
+    """A job's id and the name of a signal its kind declares."""
+
+    name = fields.String(
+        required=True,
+        validate=validate.Regexp(SIGNAL_NAME_PATTERN),
+        metadata={"description": "the signal's name, as the job's `queue.signal` gives it"},
+    )
+
+
+class SignalBodySchema(Schema):
+    """The household's answer: an object, validated by the schema the job's
+    kind declares for the signal (a field that does not fit is `400`, named)."""
+
+    class Meta:
+        unknown = INCLUDE
 
 
 def moment_field(description: str, *, nullable: bool = True) -> fields.String:
@@ -61,6 +80,16 @@ class QueueSchema(Schema):
         by_value=True,
         required=True,
         metadata={"description": "why it is not running yet"},
+    )
+    signal = fields.String(
+        required=True,
+        allow_none=True,
+        metadata={
+            "description": (
+                "with `waiting_for` `household`: the signal it waits for "
+                "(`POST /api/v1/jobs/{job_id}/signals/{name}`); null otherwise"
+            )
+        },
     )
 
 
