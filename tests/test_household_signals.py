@@ -4,6 +4,7 @@ household's answer resumes it, and the timeout ends its wait."""
 
 from __future__ import annotations
 
+import gevent
 import pytest
 
 from mealquest.jobs.service import get_jobs
@@ -210,3 +211,35 @@ def test_a_suspended_household_cannot_answer(app, client, jobs, store, household
         "household_suspended",
     )
     assert jobs.get(job_id).waiting_signal == "answer"
+
+
+def test_the_long_poll_sees_the_wait_begin_and_end(client, jobs, household, tmp_path, gates):
+    job_id = ask(jobs, household, tmp_path / "steps.log", gate=gates.url("before-wait"))
+    wait_for(lambda: gates.arrivals("before-wait") == 1)
+    running = client.get(f"/api/v1/jobs/{job_id}", headers=auth(household))
+    assert running.get_json()["status"] == "running"
+
+    def long_poll(etag):
+        return client.get(
+            f"/api/v1/jobs/{job_id}?wait=30", headers={**auth(household), "If-None-Match": etag}
+        )
+
+    held = gevent.spawn(long_poll, running.headers["ETag"])
+    gevent.sleep(0.2)
+    assert not held.ready()  # held while the job runs on
+    gates.open("before-wait")
+    began = held.get(timeout=30)
+    assert began.status_code == 200
+    assert began.get_json()["queue"]["waiting_for"] == "household"
+
+    held = gevent.spawn(long_poll, began.headers["ETag"])
+    gevent.sleep(0.2)
+    assert not held.ready()  # nothing changes while it waits
+    assert signal(client, household, job_id, {"count": 1}).status_code == 202
+    ended = held.get(timeout=30)
+    assert ended.status_code == 200
+    assert (
+        ended.get_json()["queue"] is None
+        or ended.get_json()["status"] != "queued"
+        or (ended.get_json()["queue"]["waiting_for"] != "household")
+    )

@@ -415,7 +415,12 @@ def register_test_kinds(registry: Registry) -> None:
         ask_household,
         payload=AskSchema,
         result=AskedSchema,
-        options=KindOptions(signals={"answer": AnswerSchema, "other": AnswerSchema}),
+        # A run cut short (its process killed) is run again.
+        options=KindOptions(
+            max_attempts=3,
+            backoff=FAST_RETRY,
+            signals={"answer": AnswerSchema, "other": AnswerSchema},
+        ),
     )
     registry.register("succeed", succeed, payload=ValueSchema, result=ValueSchema)
     registry.register("range", accept, payload=RangeSchema, result=EmptySchema)
