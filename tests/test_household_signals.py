@@ -7,10 +7,11 @@ from __future__ import annotations
 import gevent
 import pytest
 
+from mealquest.jobs.errors import TooManyJobs
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.service.retention import prune
 from mealquest.model.jobs import Status
-from mealquest.operator_actions import suspension
+from mealquest.operator_actions import erasure, suspension
 from mealquest.operators import create_operator
 from tests.conftest import wait_for
 from tests.support import sql
@@ -243,3 +244,26 @@ def test_the_long_poll_sees_the_wait_begin_and_end(client, jobs, household, tmp_
         or ended.get_json()["status"] != "queued"
         or (ended.get_json()["queue"]["waiting_for"] != "household")
     )
+
+
+def test_a_waiting_job_counts_against_the_quota_and_goes_with_its_households_erasure(
+    make_app, store, household, tmp_path
+):
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=1)
+    jobs = get_jobs(app)
+    jobs.start_pool()
+    client = app.test_client()
+    job_id = ask(jobs, household, tmp_path / "steps.log")
+    waiting(client, household, job_id)
+    assert signal(client, household, job_id, {"count": 1}, name="other").status_code == 409
+    # Unfinished while it waits: the household is at its quota.
+    with pytest.raises(TooManyJobs):
+        jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
+    assert signal(client, household, job_id, {"count": 1}).status_code == 202
+    final(jobs, job_id)
+    assert sql.scalar(store, "SELECT count(*) FROM job_signals") == 1
+    assert sql.scalar(store, "SELECT count(*) FROM job_steps") == 2  # the step and the wait
+
+    erasure.erase(store, jobs, household.household_id, None, wait_seconds=30)
+    for table in ("jobs", "job_steps", "job_signals"):
+        assert sql.scalar(store, f"SELECT count(*) FROM {table}") == 0
