@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 
 from bench.common import fresh_database
+from mealquest.db.sqlite.checkpoints import WAL_AUTOCHECKPOINT_PAGES
 from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.retention import delete_finished
-from mealquest.db.sqlite.store import _WAL_AUTOCHECKPOINT_PAGES, SqliteTransaction
+from mealquest.db.sqlite.store import SqliteTransaction
 
 SIZES = (50, 100, 200, 500, 1000, 5000)
 
@@ -58,7 +59,7 @@ def hold_times(db: str, size: int, rounds: int) -> list[float]:
     conn = connect(db, synchronous="NORMAL", busy_timeout_ms=5000)
     # As the store's writer connection: SQLite's own checkpoint (inside a
     # COMMIT, under the lock) only past this many WAL pages.
-    conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
+    conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
     tx = SqliteTransaction(conn)
     held = []
     try:

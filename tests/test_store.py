@@ -18,9 +18,11 @@ from mealquest.db.errors import (
     StoreWriterUnresponsive,
 )
 from mealquest.db.sqlite import migrate
+from mealquest.db.sqlite.checkpoints import AFTER_WRITES as _CHECKPOINT_AFTER_WRITES
+from mealquest.db.sqlite.checkpoints import (
+    HUB_WRITES_UNCHECKPOINTED as _HUB_WRITES_UNCHECKPOINTED,
+)
 from mealquest.db.sqlite.store import (
-    _CHECKPOINT_AFTER_WRITES,
-    _HUB_WRITES_UNCHECKPOINTED,
     SqliteStore,
 )
 from mealquest.extensions import get_store
@@ -305,24 +307,25 @@ def test_writes_on_the_hub_are_checkpointed_by_the_writer_thread(make_app, house
     for _ in range(_CHECKPOINT_AFTER_WRITES):
         store.write(lambda tx: tx.execute("SELECT 1"))
     # The thread checkpointed in its pause, and sleeps until a call comes.
-    wait_for(lambda: store._writes_since_checkpoint == 0)
+    wait_for(lambda: store.checkpoints.since_checkpoint() == 0)
 
     for value in range(_CHECKPOINT_AFTER_WRITES):
         jobs.enqueue("succeed", {"value": value}, household_id=household.household_id)
 
     assert store.hub_writes == _CHECKPOINT_AFTER_WRITES
     # No call came, yet it checkpoints again, as after its own writes.
-    wait_for(lambda: store._writes_since_checkpoint == 0)
+    wait_for(lambda: store.checkpoints.since_checkpoint() == 0)
 
     # A WAL left uncheckpointed that long (the thread had no pause): the next
     # enqueue goes to the thread, whose COMMIT may checkpoint, never the hub's.
-    store._hub_writes_since_checkpoint = _HUB_WRITES_UNCHECKPOINTED
+    store.checkpoints.hub_writes += _HUB_WRITES_UNCHECKPOINTED
     jobs.enqueue("succeed", {"value": 1}, household_id=household.household_id)
-    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES
+    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES + _HUB_WRITES_UNCHECKPOINTED
     # Which checkpointed the WAL: the hub writes again.
-    assert store._hub_writes_since_checkpoint == 0
+    assert store.checkpoints.hub_may_write()
+    assert store.checkpoints.since_checkpoint() == 0
     jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
-    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES + 1
+    assert store.hub_writes == _CHECKPOINT_AFTER_WRITES + _HUB_WRITES_UNCHECKPOINTED + 1
     # Nor does a COMMIT on the hub ever run SQLite's own checkpoint.
     assert store._hub_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
 

@@ -73,6 +73,7 @@ from mealquest.db.options import SYNCHRONOUS_MODES
 from mealquest.db.sqlite import (
     audit,
     batches,
+    checkpoints,
     flow,
     history,
     households,
@@ -88,6 +89,7 @@ from mealquest.db.sqlite import (
     signals,
     streams,
 )
+from mealquest.db.sqlite.checkpoints import Checkpoints
 from mealquest.db.sqlite.connection import (
     connect,
     has_room,
@@ -104,30 +106,13 @@ P = ParamSpec("P")
 
 # A read on the hub thread may hold the hub this long per try before retrying.
 _READ_BUSY_TIMEOUT_MS = 10
-# WAL checkpoints (see `SqliteStore._checkpoint_when_idle`): after this many writes,
-# once the writer thread has had nothing to do for this long. A checkpoint
-# syncs the WAL and the database file (about 10 ms on a virtual disk), and a
-# write that arrives meanwhile waits for it: after a 2 ms pause, one write in
-# a hundred did (measured: enqueue-to-start p99 16 ms, against 3 ms with no
-# idle checkpoints); a longer pause is seldom cut short. Under steady load,
-# with writes always less than that apart, SQLite's own checkpoint below
-# takes over...
-_CHECKPOINT_AFTER_WRITES = 100
 # `forget_deleted`: each try waits this long for readers, then retries after
 # this pause.
 _FORGET_BUSY_MS = 100
 _FORGET_RETRY_SECONDS = 0.05
-_CHECKPOINT_IDLE_SECONDS = 0.05
-# ...and SQLite's own checkpoint, in the COMMIT, only if the WAL reaches this
-# many pages without such a pause (SQLite's default is 1,000).
-_WAL_AUTOCHECKPOINT_PAGES = 4_000
 # `write_now` writes on the hub only where a COMMIT does not sync: with WAL,
 # NORMAL and OFF append to the WAL and return.
 _SYNCLESS_COMMITS = frozenset({"NORMAL", "OFF"})
-# `write_now` leaves the hub to the writer thread once this many writes went
-# uncheckpointed (about 10 WAL pages each: under SQLite's own checkpoint's
-# 4,000, which then runs in the thread's COMMIT, never on the hub).
-_HUB_WRITES_UNCHECKPOINTED = 300
 # A caller of `SqliteStore.write` waits this much past the write's deadline for its
 # answer (the function and the COMMIT run after the lock wait ends), then
 # gives up with StoreWriterUnresponsive. The thread does not start a COMMIT
@@ -184,14 +169,12 @@ class SqliteStore:
         self._writer_conn: sqlite3.Connection | None = None
         # The hub's own writer connection, for `write_now` (hub thread only).
         self._hub_conn: sqlite3.Connection | None = None
-        self.hub_writes = 0  # writes `write_now` made on the hub, for the tests
-        # Of those, how many since the WAL was last checkpointed whole.
-        self._hub_writes_since_checkpoint = 0
+        # Counts of the hub's and the thread's writes, and the checkpoints.
+        self.checkpoints = Checkpoints()
         self._reader_conn: sqlite3.Connection | None = None
         # Counts the reader connections opened: a new one's `data_version`
         # starts afresh, so a change marker names its connection too.
         self._readers_opened = 0
-        self._writes_since_checkpoint = 0  # the writer thread's own count
         # Set by the writer thread when a write meets a storage fault, cleared
         # when a write that changed something commits (see `_end_write_fault`).
         self._write_fault: StorageFault | None = None
@@ -326,7 +309,7 @@ class SqliteStore:
             or self.synchronous not in _SYNCLESS_COMMITS
             # A WAL that long is the thread's to checkpoint, in its COMMIT if
             # it has no pause: until then writes go there.
-            or self._hub_writes_since_checkpoint >= _HUB_WRITES_UNCHECKPOINTED
+            or not self.checkpoints.hub_may_write()
         ):
             return self.write(fn, *args, **kwargs)
         try:
@@ -344,10 +327,7 @@ class SqliteStore:
         except BaseException:
             self._roll_back_hub(conn)
             raise
-        self.hub_writes += 1
-        self._hub_writes_since_checkpoint += 1
-        self._writes_since_checkpoint += 1
-        if self._writes_since_checkpoint == _CHECKPOINT_AFTER_WRITES:
+        if self.checkpoints.hub_wrote():
             # Once: the thread checkpoints at its next pause, though no call came.
             writer.nudge()
         for callback in tx.after_commit_callbacks:
@@ -478,10 +458,9 @@ class SqliteStore:
             self._roll_back(conn)
             self._write_failed(error)
             return False
-        self._writes_since_checkpoint += len(done)
         if self._write_fault is not None:
             self._end_write_fault(conn, changes, rewrote_header)
-        self._checkpoint_hub_writes(conn)
+        self.checkpoints.thread_wrote(conn, len(done))
         for index, result, tx in done:
             outcomes[index] = (True, (result, tx.after_commit_callbacks))
         return True
@@ -500,8 +479,8 @@ class SqliteStore:
                 conn = connect(
                     self.path, synchronous=self.synchronous, busy_timeout_ms=busy_timeout_ms
                 )
-                # See `_checkpoint_when_idle`.
-                conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
+                # See `mealquest.db.sqlite.checkpoints`.
+                conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoints.WAL_AUTOCHECKPOINT_PAGES}")
                 self._writer_conn = conn
             conn = self._writer_conn
             conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
@@ -534,10 +513,9 @@ class SqliteStore:
                 if unavailable is not None:
                     raise unavailable from None
             raise
-        self._writes_since_checkpoint += 1
         if self._write_fault is not None:
             self._end_write_fault(conn, changes, fn is _rewrite_header)
-        self._checkpoint_hub_writes(conn)
+        self.checkpoints.thread_wrote(conn, 1)
         return result, tx.after_commit_callbacks
 
     def _write_failed(self, error: sqlite3.Error) -> StoreUnavailable | None:
@@ -592,7 +570,7 @@ class SqliteStore:
     def _writer_thread(self) -> WriterThread:
         if self._writer is None:
             self._writer = WriterThread(
-                self._checkpoint_when_idle, _CHECKPOINT_IDLE_SECONDS, self._run_writes
+                self._checkpoint_when_idle, checkpoints.IDLE_SECONDS, self._run_writes
             )
         return self._writer
 
@@ -614,46 +592,16 @@ class SqliteStore:
         return busy == 0 and os.path.getsize(self.path + "-wal") == 0
 
     def _checkpoint_when_idle(self) -> None:
-        """Copy the WAL back into the database file while no write is waiting.
-
-        SQLite's automatic checkpoint runs inside the COMMIT that crosses 1,000
-        WAL pages and, with synchronous=NORMAL, fsyncs there: measured in the
-        bench, that put 2-5 ms into about one enqueue or claim in a hundred,
-        which was the 99th percentile of enqueue-to-start latency. So the
-        writer thread checkpoints in its own pauses instead (PASSIVE: it never
-        waits on a lock), and SQLite's checkpoint is left only as a backstop
-        for a writer that never pauses. Not from another thread: while our
-        writer appends, a checkpoint never catches up and the WAL never
-        restarts (measured: it grew past 500 MB in 20,000 enqueues).
-
+        """In a pause of the writer thread's (see `mealquest.db.sqlite.checkpoints`).
         A failure is the thread's to log (from the hub), and SQLite's own
-        checkpoint remains.
-        """
+        checkpoint remains."""
         # Runs in the native writer thread: no gevent calls here.
-        if self._writes_since_checkpoint < _CHECKPOINT_AFTER_WRITES or self._writer_conn is None:
-            return
-        self._checkpoint(self._writer_conn)
+        self.checkpoints.when_idle(self._writer_conn)
 
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
-        # In the writer thread. Counted afresh only once the whole WAL is
-        # copied back: one the hub appended to meanwhile was not, and the
-        # thread checkpoints it again (see `_checkpoint_hub_writes`).
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        if busy == 0 and frames == copied:
-            self._writes_since_checkpoint = 0
-            self._hub_writes_since_checkpoint = 0
-
-    def _checkpoint_hub_writes(self, conn: sqlite3.Connection) -> None:
-        """After a write of the thread's that `write_now` sent here because the
-        hub's writes went uncheckpointed too long (no pause of the thread's
-        while they came): checkpoint now, while the hub waits for this write
-        and so appends nothing, and the hub may write again. SQLite's own
-        checkpoint remains if this one fails."""
-        # In the writer thread, after a COMMIT: nothing here may fail the write.
-        if self._hub_writes_since_checkpoint < _HUB_WRITES_UNCHECKPOINTED:
-            return
-        with suppress(sqlite3.Error):
-            self._checkpoint(conn)
+    @property
+    def hub_writes(self) -> int:
+        """The writes `write_now` made on the hub (for the tests)."""
+        return self.checkpoints.hub_writes
 
     def _close_writer_conn(self) -> None:
         # In the writer thread, so that `_checkpoint_when_idle` never sees it closed.
