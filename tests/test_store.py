@@ -327,7 +327,7 @@ def test_writes_on_the_hub_are_checkpointed_by_the_writer_thread(make_app, house
     jobs.enqueue("succeed", {"value": 2}, household_id=household.household_id)
     assert store.hub_writes == _CHECKPOINT_AFTER_WRITES + _HUB_WRITES_UNCHECKPOINTED + 1
     # Nor does a COMMIT on the hub ever run SQLite's own checkpoint.
-    assert store._hub_conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert store._hub.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
 
 
 def test_a_read_kept_out_by_a_lock_retries_cooperatively_until_the_deadline(tmp_path):

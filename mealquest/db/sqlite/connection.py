@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Callable
+from typing import Any
 
 from mealquest.db.errors import StorageFault
 from mealquest.db.options import SYNCHRONOUS_MODES
@@ -108,3 +110,22 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+class SqliteTransaction:
+    """An open write transaction (in the writer thread, or on the hub for `write_now`).
+
+    Callbacks given to `after_commit` run in the calling greenlet once the
+    transaction has committed, never inside the native thread: that is where
+    gevent objects (the pool's wake event) may be signalled.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.after_commit_callbacks: list[Callable[[], None]] = []
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, params)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.after_commit_callbacks.append(callback)

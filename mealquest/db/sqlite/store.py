@@ -90,6 +90,7 @@ from mealquest.db.sqlite import (
     streams,
 )
 from mealquest.db.sqlite.checkpoints import Checkpoints
+from mealquest.db.sqlite.connection import SqliteTransaction as SqliteTransaction
 from mealquest.db.sqlite.connection import (
     connect,
     has_room,
@@ -97,6 +98,7 @@ from mealquest.db.sqlite.connection import (
     storage_fault,
 )
 from mealquest.db.sqlite.faults import FaultLog
+from mealquest.db.sqlite.hub_writes import HubWrites
 from mealquest.db.sqlite.writer import WriterThread
 
 logger = logging.getLogger(__name__)
@@ -119,25 +121,6 @@ _SYNCLESS_COMMITS = frozenset({"NORMAL", "OFF"})
 # later than half of it past the deadline, so a caller that gave up is not
 # committed behind its back unless the COMMIT itself hangs.
 _ANSWER_MARGIN_SECONDS = 2.0
-
-
-class SqliteTransaction:
-    """An open write transaction inside the writer thread.
-
-    Callbacks given to `after_commit` run in the calling greenlet once the
-    transaction has committed, never inside the native thread: that is where
-    gevent objects (the pool's wake event) may be signalled.
-    """
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.after_commit_callbacks: list[Callable[[], None]] = []
-
-    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
-        return self.conn.execute(sql, params)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self.after_commit_callbacks.append(callback)
 
 
 @dataclass(slots=True)
@@ -167,8 +150,8 @@ class SqliteStore:
         self._pid = os.getpid()
         self._writer: WriterThread | None = None
         self._writer_conn: sqlite3.Connection | None = None
-        # The hub's own writer connection, for `write_now` (hub thread only).
-        self._hub_conn: sqlite3.Connection | None = None
+        # The hub's own writes (`write_now`; hub thread only).
+        self._hub = HubWrites(path, self.synchronous)
         # Counts of the hub's and the thread's writes, and the checkpoints.
         self.checkpoints = Checkpoints()
         self._reader_conn: sqlite3.Connection | None = None
@@ -312,45 +295,16 @@ class SqliteStore:
             or not self.checkpoints.hub_may_write()
         ):
             return self.write(fn, *args, **kwargs)
-        try:
-            conn = self._hub_connection()
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:
+        done, result, callbacks = self._hub.attempt(fn, args, kwargs)
+        if not done:
             return self.write(fn, *args, **kwargs)
-        tx = SqliteTransaction(conn)
-        try:
-            result = fn(tx, *args, **kwargs)
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            self._roll_back_hub(conn)
-            return self.write(fn, *args, **kwargs)
-        except BaseException:
-            self._roll_back_hub(conn)
-            raise
         if self.checkpoints.hub_wrote():
             # Once: the thread checkpoints at its next pause, though no call came.
             writer.nudge()
-        for callback in tx.after_commit_callbacks:
+        for callback in callbacks:
             callback()
-        return result
-
-    def _hub_connection(self) -> sqlite3.Connection:
-        if self._hub_conn is None:
-            conn = connect(self.path, synchronous=self.synchronous, busy_timeout_ms=0)
-            # Never a checkpoint on the hub: its syncs would hold every greenlet.
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-            self._hub_conn = conn
-        return self._hub_conn
-
-    def _roll_back_hub(self, conn: sqlite3.Connection) -> None:
-        try:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-        except sqlite3.Error:
-            # In an unknown state: the next `write_now` opens a new one.
-            self._hub_conn = None
-            with suppress(sqlite3.Error):
-                conn.close()
+        written: T = result
+        return written
 
     def check_writable(self) -> None:
         """Raise StoreUnavailable unless a write can commit now; cheap enough for /healthz.
@@ -719,10 +673,7 @@ class SqliteStore:
                     )
             self._writer.stop()
             self._writer = None
-        hub_conn, self._hub_conn = self._hub_conn, None
-        if hub_conn is not None:
-            with suppress(sqlite3.Error):
-                hub_conn.close()
+        self._hub.close()
         self._close_reader_conn()
 
 
