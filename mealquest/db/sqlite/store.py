@@ -38,8 +38,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Collection, Hashable
 from contextlib import suppress
-from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar
 
 import gevent
 
@@ -98,6 +97,7 @@ from mealquest.db.sqlite.connection import (
     storage_fault,
 )
 from mealquest.db.sqlite.faults import FaultLog
+from mealquest.db.sqlite.group_commit import ANSWER_MARGIN_SECONDS, ThreadWrites, Write
 from mealquest.db.sqlite.hub_writes import HubWrites
 from mealquest.db.sqlite.writer import WriterThread
 
@@ -108,29 +108,12 @@ P = ParamSpec("P")
 
 # A read on the hub thread may hold the hub this long per try before retrying.
 _READ_BUSY_TIMEOUT_MS = 10
-# `forget_deleted`: each try waits this long for readers, then retries after
-# this pause.
-_FORGET_BUSY_MS = 100
+# `forget_deleted` retries after this pause (each try waits
+# `group_commit.FORGET_BUSY_MS` for readers).
 _FORGET_RETRY_SECONDS = 0.05
 # `write_now` writes on the hub only where a COMMIT does not sync: with WAL,
 # NORMAL and OFF append to the WAL and return.
 _SYNCLESS_COMMITS = frozenset({"NORMAL", "OFF"})
-# A caller of `SqliteStore.write` waits this much past the write's deadline for its
-# answer (the function and the COMMIT run after the lock wait ends), then
-# gives up with StoreWriterUnresponsive. The thread does not start a COMMIT
-# later than half of it past the deadline, so a caller that gave up is not
-# committed behind its back unless the COMMIT itself hangs.
-_ANSWER_MARGIN_SECONDS = 2.0
-
-
-@dataclass(slots=True)
-class _Write:
-    """One caller's `SqliteStore.write`, queued for the writer thread."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    deadline: float
 
 
 class SqliteStore:
@@ -149,18 +132,16 @@ class SqliteStore:
         self.busy_timeout_seconds = float(busy_timeout_seconds)
         self._pid = os.getpid()
         self._writer: WriterThread | None = None
-        self._writer_conn: sqlite3.Connection | None = None
         # The hub's own writes (`write_now`; hub thread only).
         self._hub = HubWrites(path, self.synchronous)
         # Counts of the hub's and the thread's writes, and the checkpoints.
         self.checkpoints = Checkpoints()
+        # The writer thread's connection, transactions and fault.
+        self._thread = ThreadWrites(path, self.synchronous, self.checkpoints, _rewrite_header)
         self._reader_conn: sqlite3.Connection | None = None
         # Counts the reader connections opened: a new one's `data_version`
         # starts afresh, so a change marker names its connection too.
         self._readers_opened = 0
-        # Set by the writer thread when a write meets a storage fault, cleared
-        # when a write that changed something commits (see `_end_write_fault`).
-        self._write_fault: StorageFault | None = None
         self._write_faults = FaultLog("writes")
         self._read_faults = FaultLog("reads")
 
@@ -212,7 +193,7 @@ class SqliteStore:
     @property
     def write_fault(self) -> StorageFault | None:
         """The storage fault the last writes met, until a write commits again."""
-        return self._write_fault
+        return self._thread.fault
 
     # -- writes -----------------------------------------------------------------
 
@@ -247,14 +228,14 @@ class SqliteStore:
         deadline = time.monotonic() + self.busy_timeout_seconds
         try:
             result, callbacks = self._writer_thread().call_grouped(
-                _Write(fn, args, kwargs, deadline),
-                self.busy_timeout_seconds + _ANSWER_MARGIN_SECONDS,
+                Write(fn, args, kwargs, deadline),
+                self.busy_timeout_seconds + ANSWER_MARGIN_SECONDS,
             )
         except StoreUnavailable as error:
             if not isinstance(error, StoreBusy):
                 self._write_faults.failed(error)
             raise
-        if self._write_faults.since is not None and self._write_fault is None:
+        if self._write_faults.since is not None and self._thread.fault is None:
             self._write_faults.ended()
         for callback in callbacks:
             callback()
@@ -288,7 +269,7 @@ class SqliteStore:
         if (
             writer is None
             or not writer.idle_for_this_hub()
-            or self._write_fault is not None
+            or self._thread.fault is not None
             or self.synchronous not in _SYNCLESS_COMMITS
             # A WAL that long is the thread's to checkpoint, in its COMMIT if
             # it has no pause: until then writes go there.
@@ -316,196 +297,13 @@ class SqliteStore:
         then really writes: page 1 of the database, by setting `user_version`
         to its own value. That write committing ends the fault.
         """
-        fault = self._write_fault
+        fault = self._thread.fault
         if fault is None:
             self.write(_take_write_lock)
             return
         if fault.disk_full and not has_room(self.path):
             raise StorageFault(fault.name, fault.reason)
         self.write(_rewrite_header)
-
-    def _run_writes(self, writes: list[_Write]) -> list[tuple[bool, Any]]:
-        """Each write's outcome, `(True, (result, callbacks))` or `(False, error)`.
-
-        A write alone runs in a transaction of its own, as it always did. A
-        group shares one: each write inside a savepoint, rolled back to if it
-        raises, released if it returns, then one COMMIT for all that returned.
-        A write whose deadline passed while the group waited for the lock is
-        StoreBusy without running. What fails the transaction rather than one
-        write (the lock not had, a storage fault, a savepoint that will not
-        roll back, a failed COMMIT) rolls the whole group back and runs each
-        write again alone, so that each caller meets the storage's answer
-        itself and none is failed by another's write.
-        """
-        # Runs in the native writer thread: no gevent calls here.
-        if len(writes) == 1:
-            return [self._outcome(writes[0])]
-        outcomes: list[tuple[bool, Any] | None] = [None] * len(writes)
-        now = time.monotonic()
-        live = []
-        for index, write in enumerate(writes):
-            if write.deadline <= now:
-                outcomes[index] = (False, StoreBusy())
-            else:
-                live.append(index)
-        if live and not self._run_group(writes, live, outcomes):
-            for index in live:
-                outcomes[index] = self._outcome(writes[index])
-        return [outcome for outcome in outcomes if outcome is not None]
-
-    def _outcome(self, write: _Write) -> tuple[bool, Any]:
-        # In the writer thread: one write in its own transaction.
-        try:
-            return True, self._run_write(write.fn, write.args, write.kwargs, write.deadline)
-        except BaseException as error:
-            return False, error
-
-    def _run_group(
-        self, writes: list[_Write], live: list[int], outcomes: list[tuple[bool, Any] | None]
-    ) -> bool:
-        """Run the `live` writes in one transaction, filling in their outcomes;
-        False if the transaction failed as a whole (then nothing of it committed)."""
-        # In the writer thread.
-        try:
-            # The lock is waited for until the earliest deadline: no caller waits
-            # past its own for an answer. If it is not had by then, the writes run
-            # alone, each waiting until its own deadline (the earliest's is over).
-            conn = self._begin(min(writes[index].deadline for index in live))
-        except Exception:
-            return False
-        changes = conn.total_changes if self._write_fault is not None else 0
-        done: list[tuple[int, Any, SqliteTransaction]] = []
-        rewrote_header = False
-        for index in live:
-            write = writes[index]
-            if time.monotonic() > write.deadline:
-                # It waited for the lock past its deadline, as alone it would have.
-                outcomes[index] = (False, StoreBusy())
-                continue
-            tx = SqliteTransaction(conn)
-            try:
-                conn.execute("SAVEPOINT grouped_write")
-                result = write.fn(tx, *write.args, **write.kwargs)
-                if time.monotonic() > write.deadline + _ANSWER_MARGIN_SECONDS / 2:
-                    # Its caller is about to give up: do not commit behind its back.
-                    raise StoreBusy()
-                conn.execute("RELEASE grouped_write")
-            except BaseException as error:
-                if isinstance(error, sqlite3.Error) and (
-                    is_busy(error) or storage_fault(error) is not None
-                ):
-                    self._roll_back(conn)
-                    return False
-                try:
-                    conn.execute("ROLLBACK TO grouped_write")
-                    conn.execute("RELEASE grouped_write")
-                except sqlite3.Error:
-                    self._roll_back(conn)
-                    return False
-                outcomes[index] = (False, error)
-                continue
-            rewrote_header = rewrote_header or write.fn is _rewrite_header
-            done.append((index, result, tx))
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as error:
-            self._roll_back(conn)
-            self._write_failed(error)
-            return False
-        if self._write_fault is not None:
-            self._end_write_fault(conn, changes, rewrote_header)
-        self.checkpoints.thread_wrote(conn, len(done))
-        for index, result, tx in done:
-            outcomes[index] = (True, (result, tx.after_commit_callbacks))
-        return True
-
-    def _begin(self, deadline: float) -> sqlite3.Connection:
-        """The writer connection in a `BEGIN IMMEDIATE` transaction, the lock
-        waited for until `deadline` at most (writer thread)."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise StoreBusy()
-        # Wait for the lock only until this write's deadline: a write queued
-        # behind others has already spent part of its time waiting its turn.
-        busy_timeout_ms = max(1, int(remaining * 1000))
-        try:
-            if self._writer_conn is None:
-                conn = connect(
-                    self.path, synchronous=self.synchronous, busy_timeout_ms=busy_timeout_ms
-                )
-                # See `mealquest.db.sqlite.checkpoints`.
-                conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoints.WAL_AUTOCHECKPOINT_PAGES}")
-                self._writer_conn = conn
-            conn = self._writer_conn
-            conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as error:
-            unavailable = self._write_failed(error)
-            if unavailable is None:
-                raise
-            raise unavailable from None
-        return conn
-
-    def _run_write(
-        self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], deadline: float
-    ) -> tuple[T, list[Callable[[], None]]]:
-        # Runs in the native writer thread: no gevent calls here.
-        conn = self._begin(deadline)
-        tx = SqliteTransaction(conn)
-        # Only while a fault lasts: whether this write changes anything.
-        changes = conn.total_changes if self._write_fault is not None else 0
-        try:
-            result = fn(tx, *args, **kwargs)
-            if time.monotonic() > deadline + _ANSWER_MARGIN_SECONDS / 2:
-                # Its caller is about to give up: do not commit behind its back.
-                raise StoreBusy()
-            conn.execute("COMMIT")
-        except BaseException as error:
-            self._roll_back(conn)
-            if isinstance(error, sqlite3.Error):
-                unavailable = self._write_failed(error)
-                if unavailable is not None:
-                    raise unavailable from None
-            raise
-        if self._write_fault is not None:
-            self._end_write_fault(conn, changes, fn is _rewrite_header)
-        self.checkpoints.thread_wrote(conn, 1)
-        return result, tx.after_commit_callbacks
-
-    def _write_failed(self, error: sqlite3.Error) -> StoreUnavailable | None:
-        """The StoreUnavailable a write's sqlite error means, if any (writer thread)."""
-        if is_busy(error):
-            # Nothing was committed; the lock is the problem, not the write.
-            return StoreBusy()
-        fault = storage_fault(error)
-        if fault is not None:
-            self._write_fault = fault
-            # A connection opened read-only, or that met an I/O error, may stay
-            # so: the next write opens a fresh one (about 0.1 ms, during faults only).
-            self._close_writer_conn()
-        return fault
-
-    def _roll_back(self, conn: sqlite3.Connection) -> None:
-        # In the writer thread, after a failed write.
-        try:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-        except Exception:
-            # A connection that cannot roll back (closed under us, or broken by
-            # an I/O error) is in an unknown state: the next write opens a new one.
-            self._close_writer_conn()
-
-    def _end_write_fault(
-        self, conn: sqlite3.Connection, changes: int, rewrote_header: bool
-    ) -> None:
-        # In the writer thread, after a commit while a storage fault is recorded.
-        # A commit that changed nothing wrote nothing and proves nothing.
-        if not rewrote_header and conn.total_changes == changes:
-            return
-        fault = self._write_fault
-        if fault is not None and fault.disk_full and not has_room(self.path):
-            return
-        self._write_fault = None
 
     def forget_deleted(self, timeout_seconds: float) -> bool:
         """Checkpoint the WAL and truncate it to nothing, in the writer thread,
@@ -515,7 +313,7 @@ class SqliteStore:
         self._check_process()
         deadline = time.monotonic() + timeout_seconds
         while True:
-            if self._writer_thread().call(self._truncate_wal, self.busy_timeout_seconds):
+            if self._writer_thread().call(self._thread.truncate_wal, self.busy_timeout_seconds):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -524,45 +322,14 @@ class SqliteStore:
     def _writer_thread(self) -> WriterThread:
         if self._writer is None:
             self._writer = WriterThread(
-                self._checkpoint_when_idle, checkpoints.IDLE_SECONDS, self._run_writes
+                self._thread.checkpoint_when_idle, checkpoints.IDLE_SECONDS, self._thread.run_writes
             )
         return self._writer
-
-    def _truncate_wal(self) -> bool:
-        # In the writer thread, between transactions: a short busy wait, so
-        # that writes queued behind it are not held.
-        if self._writer_conn is None:
-            self._writer_conn = connect(
-                self.path, synchronous=self.synchronous, busy_timeout_ms=_FORGET_BUSY_MS
-            )
-        conn = self._writer_conn
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {_FORGET_BUSY_MS}")
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error as error:
-            if is_busy(error):
-                return False
-            raise
-        return busy == 0 and os.path.getsize(self.path + "-wal") == 0
-
-    def _checkpoint_when_idle(self) -> None:
-        """In a pause of the writer thread's (see `mealquest.db.sqlite.checkpoints`).
-        A failure is the thread's to log (from the hub), and SQLite's own
-        checkpoint remains."""
-        # Runs in the native writer thread: no gevent calls here.
-        self.checkpoints.when_idle(self._writer_conn)
 
     @property
     def hub_writes(self) -> int:
         """The writes `write_now` made on the hub (for the tests)."""
         return self.checkpoints.hub_writes
-
-    def _close_writer_conn(self) -> None:
-        # In the writer thread, so that `_checkpoint_when_idle` never sees it closed.
-        conn, self._writer_conn = self._writer_conn, None
-        if conn is not None:
-            with suppress(sqlite3.Error):
-                conn.close()
 
     # -- reads ------------------------------------------------------------------
 
@@ -664,12 +431,12 @@ class SqliteStore:
         if self._writer is not None:
             if self.broken:
                 # The thread is gone; its connection is nobody's now.
-                self._close_writer_conn()
+                self._thread.close_conn()
             else:
                 with suppress(StoreUnavailable):
                     self._writer.call(
-                        self._close_writer_conn,
-                        self.busy_timeout_seconds + _ANSWER_MARGIN_SECONDS,
+                        self._thread.close_conn,
+                        self.busy_timeout_seconds + ANSWER_MARGIN_SECONDS,
                     )
             self._writer.stop()
             self._writer = None
