@@ -182,6 +182,8 @@ def test_operators_see_the_waits_answer_one_and_count_them(
     one = dashboard.get(f"/admin/waiting-for-households?household={household.household_id}")
     assert f"/admin/jobs/{theirs}" not in one.get_data(as_text=True)
     assert dashboard.get("/admin/waiting-for-households?household=x").status_code == 400
+    page = dashboard.get(f"/admin/jobs/{mine}").get_data(as_text=True)
+    assert "It waits for its household&#39;s answer (signal answer)" in page
 
     metrics = client.get("/metrics", headers={"Authorization": f"Bearer {operator.token}"})
     text = metrics.get_data(as_text=True)

@@ -1,5 +1,6 @@
-"""Why a queued job waits, as the job's page says it: its kind is paused, or
-its partition is at its limit of running jobs or at its rate.
+"""Why a queued job waits, as the job's page says it: its kind is paused, its
+partition is at its limit of running jobs or at its rate, or it waits for
+its household's answer.
 
 Read when the page is, from the pause table, the partition's running jobs
 (their partial index) and its rate ledger's row: a few probes, whatever
@@ -20,6 +21,11 @@ def why_waiting(store: Store, registry: Registry, job: Job) -> str | None:
     page knows of: its turn, its due time or a free slot)."""
     if job.status is not Status.QUEUED:
         return None
+    if job.waiting_signal is not None:
+        return (
+            f"It waits for its household's answer (signal {job.waiting_signal}); "
+            f"at {job.run_at} it goes on without one."
+        )
     paused = {entry.kind: entry for entry in store.read(store.flow.paused_kinds)}
     if job.kind in paused:
         return f"Its kind is paused (since {paused[job.kind].paused_at}): no process claims it."
