@@ -43,7 +43,7 @@ from tests.support.postgres import (
     require_postgres_url,
     through_pgbouncer,
 )
-from tests.support.sqlite_lock import LockHolder
+from tests.support.write_lock import LockHolder
 
 # Short times so tests wait on conditions for fractions of a second.
 FAST_POOL = {
@@ -144,6 +144,18 @@ def db_path(database: dict[str, Any]) -> str:
 def lock_holder(db_path: str) -> Iterator[LockHolder]:
     """Another process that takes the database's write lock when the test says."""
     holder = LockHolder(db_path)
+    try:
+        yield holder
+    finally:
+        holder.stop()
+
+
+@pytest.fixture
+def write_lock(database: dict[str, Any]) -> Iterator[LockHolder]:
+    """Another process that, when the test says, holds the lock every write of
+    the test's database waits on (SQLite's or PostgreSQL's): the database as
+    a write finds it while it is away."""
+    holder = LockHolder.of(database)
     try:
         yield holder
     finally:

@@ -15,7 +15,7 @@ from mealquest.db.sqlite import migrate
 from mealquest.db.sqlite.store import SqliteStore
 from mealquest.households import household_for_token, token_digest
 from tests.conftest import wait_for
-from tests.support.sqlite_lock import LockHolder
+from tests.support.write_lock import LockHolder
 
 T0 = "2025-01-01T10:00:00.000000Z"
 T1 = "2025-01-01T10:05:00.000000Z"

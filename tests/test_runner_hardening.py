@@ -34,6 +34,7 @@ from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.registry import Backoff, KindOptions
 from mealquest.jobs.service import JobService, get_jobs
 from mealquest.model.jobs import (
+    FINAL_STATUSES,
     MAX_INTERRUPTIONS,
     ClaimRequest,
     Failure,
@@ -495,6 +496,58 @@ def test_a_handler_whose_lease_cannot_be_renewed_is_stopped_before_the_lease_exp
     assert stopped_at < expires or jobs.get(job_id).lease_expires_at is not None
     job = wait_for(lambda: jobs.get(job_id).status == Status.SUCCEEDED and jobs.get(job_id))
     assert (job.attempt, job.interruptions) == (1, 0)
+
+
+def test_a_job_whose_database_stayed_away_past_its_lease_again_and_again_is_no_poison_pill(
+    hostile, household, latches, write_lock
+):
+    """The three jobs a twenty-round chaos run through PgBouncer lost: each
+    PostgreSQL restart kept the database away past the lease (PgBouncer's
+    15 s login retry), every running job's handler was stopped, and its
+    rescue counted an interruption, as if the job had killed its process;
+    the third such count in a row failed the job `interrupted by restart`.
+    Its process lived through each: the job goes back uncounted."""
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
+    job_id = enqueue(jobs, "held", household, gate="g")
+    jobs.start_pool()
+    for outage in range(1, MAX_INTERRUPTIONS + 1):
+        wait_for(lambda outage=outage: len(latches.seen("start", "g")) == outage)
+        expires = wait_for(lambda: jobs.get(job_id).lease_expires_at)
+        write_lock.hold()
+        wait_for(lambda outage=outage: len(latches.seen("stopped by LeaseLost", "g")) == outage)
+        # Away until the lease has expired by the database's clock too.
+        wait_for(lambda expires=expires: to_text(utc_now()) > expires)
+        write_lock.release()
+    latches.open("g")
+    job = wait_for(lambda: jobs.get(job_id).status in FINAL_STATUSES and jobs.get(job_id))
+    assert (job.status, job.attempt, job.interruptions) == (Status.SUCCEEDED, 1, 0)
+    assert len(latches.seen("start", "g")) == MAX_INTERRUPTIONS + 1
+
+
+def test_a_rescuer_that_could_not_reach_the_database_watches_each_lease_a_whole_lease_again(
+    hostile, household, write_lock
+):
+    """While the database is away nobody renews a lease, its owner no more
+    than the others: a rescuer that counted that time as the lease going
+    unrenewed took every lease the moment the database came back, before
+    the owners' first renewal (a job then ran twice)."""
+    jobs = hostile(DB_BUSY_TIMEOUT_SECONDS=0.1)
+    store = jobs.store
+    job_id = enqueue(jobs, "held", household, gate="g")
+    claim_all(store, "away", utc_now())
+    rescuer = watched_rescuer(store, lease_seconds=1.0)
+    assert rescuer.run_once() == Recovered()  # the first look
+    rescuer.clock.advance(1.0)
+    write_lock.hold()
+    with pytest.raises(StoreUnavailable):
+        rescuer.run_once()  # its rescue cannot be written
+    write_lock.release()
+    # Back: a whole lease for the owner to renew before the lease is taken.
+    assert rescuer.run_once() == Recovered()
+    rescuer.clock.advance(0.5)
+    assert rescuer.run_once() == Recovered()
+    rescuer.clock.advance(0.5)
+    assert rescuer.run_once() == Recovered(requeued=(job_id,))
 
 
 @pytest.mark.parametrize("database", ["postgresql", "pgbouncer"], indirect=True)

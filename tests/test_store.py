@@ -29,7 +29,7 @@ from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
 from tests.conftest import wait_for
 from tests.support import sql
-from tests.support.sqlite_lock import LockHolder
+from tests.support.write_lock import LockHolder
 
 pytestmark = pytest.mark.sqlite_only(
     "SQLite's store itself: its writer thread, cooperative waits and fork checks"

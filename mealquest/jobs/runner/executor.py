@@ -27,8 +27,14 @@ from mealquest.jobs.context import JobContext
 from mealquest.jobs.errors import JobCancelled, LeaseLost, PoolStopping
 from mealquest.jobs.registry import Kind, Registry
 from mealquest.jobs.runner.metrics import AttemptMetrics
-from mealquest.jobs.runner.outcome import CANCELLED, Outcome, failed, snoozed
-from mealquest.jobs.runner.running import Running
+from mealquest.jobs.runner.outcome import (
+    CANCELLED,
+    PUT_BACK_AFTER_OUTAGE,
+    Outcome,
+    failed,
+    snoozed,
+)
+from mealquest.jobs.runner.running import DATABASE_AWAY, Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
 from mealquest.masking import bounded_failure_message, mask
@@ -191,8 +197,14 @@ class Executor:
         try:
             outcome = self._attempt(entry)
         except LeaseLost:
-            logger.warning("job lost its lease; its outcome is not recorded", extra=extra)
-            return "lease lost"
+            if entry.taken != DATABASE_AWAY:
+                logger.warning("job lost its lease; its outcome is not recorded", extra=extra)
+                return "lease lost"
+            # Stopped only because the database was away: the job goes back
+            # uncounted, written once the database answers (the heartbeat
+            # renews the lease meanwhile, if nobody has taken it).
+            entry.taken = None
+            outcome = PUT_BACK_AFTER_OUTAGE
         except PoolStopping:
             return "pool stopping"  # the stopping pool records the job
         except JobCancelled:
@@ -269,6 +281,8 @@ class Executor:
             context.write(
                 self.store.jobs.add_log_lines, entry.job.id, [context.log.ending(level, text)]
             )
+        except LeaseLost:
+            pass  # the outcome's fenced write finds it gone too, and says so
         except Exception as error:
             logger.warning(
                 "could not keep how the attempt ended (%s)", type(error).__name__, extra=entry.extra
@@ -448,7 +462,8 @@ def _ending(attempt: int, outcome: Outcome) -> tuple[str, str]:
         delay = _seconds(outcome.delay_seconds or 0.0)
         return "WARNING", f"attempt {attempt} failed{why}; retried in {delay} s"
     if outcome.to is Status.QUEUED:
-        return "WARNING", f"attempt {attempt} put back (not counted)"
+        why = f": {outcome.reason}" if outcome.reason else ""
+        return "WARNING", f"attempt {attempt} put back (not counted){why}"
     return "ERROR", f"attempt {attempt} failed: {outcome.error or 'no message'}"
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from mealquest.db.driver import JobStatements, Store, Transaction
+from mealquest.db.errors import StoreUnavailable
 from mealquest.jobs.errors import LeaseLost, PoolStopping
 from mealquest.jobs.runner.running import Running
 from mealquest.jobs.runner.settings import PoolSettings
@@ -48,6 +49,9 @@ class Heartbeat:
         self.take = take
         self.cancel = cancel
         self.clock = clock
+        # Whether the last renewal found the database unavailable: a handler
+        # the watchdog then stops lost its lease to the outage, not to its job.
+        self.database_away = False
 
     def renewable(self, entry: Running, now: float) -> bool:
         if entry.abandoned or entry.taken is not None or not entry.alive():
@@ -61,9 +65,14 @@ class Heartbeat:
         entries = [e for e in list(self.slots.running.values()) if self.renewable(e, started)]
         if not entries:
             return 0
-        renewed, cancelled = self.store.write(
-            _beat, self.store.jobs, [e.lease for e in entries], self.settings.lease_seconds
-        )
+        try:
+            renewed, cancelled = self.store.write(
+                _beat, self.store.jobs, [e.lease for e in entries], self.settings.lease_seconds
+            )
+        except StoreUnavailable:
+            self.database_away = True
+            raise
+        self.database_away = False
         for job_id in cancelled:
             self.cancel(job_id)
         lost = 0

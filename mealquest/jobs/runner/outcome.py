@@ -69,6 +69,13 @@ class Outcome:
 
 
 CANCELLED = Outcome(Status.CANCELLED)
+# A handler stopped because the database stayed away until its lease was
+# about to expire: its process lived, so the job goes back to its place in
+# the queue with the attempt refunded and no interruption counted (those
+# count a job that may kill its process).
+PUT_BACK_AFTER_OUTAGE = Outcome(
+    Status.QUEUED, Attempt.REFUND, reason="the database was unavailable past its lease"
+)
 
 
 def failed(error: str) -> Outcome:

@@ -131,7 +131,13 @@ class Pool:
         self.heartbeat = Heartbeat(
             store, self.settings, self.slots, self.executor.take, self.executor.cancel
         )
-        self.watchdog = Watchdog(self.settings, self.slots, self.executor.take, self._hung)
+        self.watchdog = Watchdog(
+            self.settings,
+            self.slots,
+            self.executor.take,
+            self._hung,
+            database_away=lambda: self.heartbeat.database_away,
+        )
         self.unhandled = UnhandledKinds(store, registry)
         self.unblocker = Unblocker(store, on_due=lambda: self.producer.wake())
         self.registration = Registration(

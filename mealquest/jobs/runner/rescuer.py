@@ -2,7 +2,9 @@
 
 A lease is rescued only when two clocks agree it is dead: the database's
 (the lease's expiry is past) and the rescuer's own monotonic clock (it has
-read the same expiry, unrenewed, for a whole lease). The database's clock
+read the same expiry, unrenewed, for a whole lease, with no look between
+that failed: while the database is away nobody can renew, so after an
+outage every owner has a whole lease to renew before its jobs are taken). The database's clock
 is a host's wall clock on SQLite, which NTP may step: after a step forward
 every lease looks expired at once, while their owners still renew them;
 a renewal changes the expiry, so a rescuer that waits to see a lease go
@@ -54,11 +56,19 @@ class Rescuer:
         """One look at every running job's lease, and the rescue of those watched
         unrenewed for a whole lease. `now` stands in for the database's clock
         (tests); None is the database's own."""
-        held = self.store.read(self.store.jobs.running_leases)
-        dead = self._watch(held, set(self.keep()))
-        if not dead:
-            return Recovered()
-        recovered = self.store.write(self.store.jobs.rescue_unrenewed, dead, now=now)
+        try:
+            held = self.store.read(self.store.jobs.running_leases)
+            dead = self._watch(held, set(self.keep()))
+            if not dead:
+                return Recovered()
+            recovered = self.store.write(self.store.jobs.rescue_unrenewed, dead, now=now)
+        except Exception:
+            # What kept this look from the database (a restart, a lock, a
+            # full disk) kept the leases' owners from renewing them too: that
+            # time is no proof of a dead owner. Each lease is watched a whole
+            # lease again from the next look that reads it.
+            self._watched = {}
+            raise
         metrics.rescued(self.store, recovered)
         # Each line names the claim whose lease expired: the run under it
         # may still end, and its fenced write will then be refused; a run

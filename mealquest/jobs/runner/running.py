@@ -14,6 +14,10 @@ from mealquest.model.jobs import Job, Lease
 
 # `Running.taken` of the jobs a stopping pool cut short.
 STOPPING = "stopping"
+# `Running.taken` of the jobs whose lease could not be renewed because the
+# database was unavailable: stopped before the lease expired, and put back
+# uncounted once the database answers (their process lived through it).
+DATABASE_AWAY = "database unavailable"
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from mealquest.jobs.errors import LeaseLost, PoolStopping
-from mealquest.jobs.runner.running import STOPPING, Running
+from mealquest.jobs.runner.running import DATABASE_AWAY, STOPPING, Running
 from mealquest.jobs.runner.settings import PoolSettings
 from mealquest.jobs.runner.slots import Slots
 
@@ -35,12 +35,16 @@ class Watchdog:
         take: Take,
         on_hung: Callable[[Running, str], None],
         clock: Clock = time.monotonic,
+        database_away: Callable[[], bool] = lambda: False,
     ) -> None:
         self.settings = settings
         self.slots = slots
         self.take = take
         self.on_hung = on_hung
         self.clock = clock
+        # Whether the leases go unrenewed because the database is away (the
+        # heartbeat's last renewal found it unavailable).
+        self.database_away = database_away
 
     def run_once(self) -> list[Running]:
         """Returns the handlers given up on in this round."""
@@ -71,10 +75,13 @@ class Watchdog:
             if now >= entry.deadline + grace:
                 hung.append((entry, f"still running {grace:g}s after its timeout"))
             elif now >= entry.lease_deadline - margin:
+                away = self.database_away()
                 logger.warning(
-                    "job's lease could not be renewed; stopping its handler", extra=entry.extra
+                    "job's lease could not be renewed%s; stopping its handler",
+                    " (the database is unavailable)" if away else "",
+                    extra=entry.extra,
                 )
-                self.take(entry, "lease not renewed", LeaseLost)
+                self.take(entry, DATABASE_AWAY if away else "lease not renewed", LeaseLost)
         for entry, reason in hung:
             entry.abandoned = True
             logger.error("handler will not die: %s", reason, extra=entry.extra)
