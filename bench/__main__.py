@@ -826,16 +826,46 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         two, one = processes[2, households], processes[1, households]
         return [(n / ours, n / theirs) for ours, theirs in zip(two, one, strict=True)]
 
+    def cpu_us(name: str, key: str) -> float | None:
+        """The median over a system's rounds of its drain's CPU a job (`key`: its
+        process's, or the server's), in µs; None where it was not read."""
+        values = [run.get(key) for run in runs[name]]
+        if not values or any(value is None for value in values):
+            return None
+        return median([1e6 * value / n for value in values])
+
+    def cpu_of(name: str) -> str | None:
+        process, server = cpu_us(name, "drain_cpu_seconds"), cpu_us(name, "server_cpu_seconds")
+        if process is None or server is None:
+            return None
+        return f"{process:.0f} + {server:.0f} µs"
+
+    def beside_pg(name: str, what: str) -> str:
+        """`what`, and each side's CPU a job of the drain, its process's plus the
+        server's: where the time goes, read far steadier than wall time."""
+        ours, its = cpu_of("runner"), cpu_of(name)
+        if ours is None or its is None:
+            return what
+        cpu = f"CPU a job of the drain, the process's + the server's: ours {ours}, its {its}"
+        return f"{what} ({cpu})"
+
     drain, cycle = rate("runner", "drain"), rate("runner", "cycle")
-    raw = "raw psycopg loop, same server"
+    raw = beside_pg("raw", "raw psycopg loop, same server")
     missing = "not installed (pip install -e '.[bench]')"
-    peer_what = "procrastinate's worker, same server" if peer else f"procrastinate {missing}"
+    peer_what = (
+        beside_pg("procrastinate", "procrastinate's worker, same server")
+        if peer
+        else f"procrastinate {missing}"
+    )
     default_batch = runs["pgqueuer_default"][0]["batch"] if runs["pgqueuer_default"] else None
 
-    def pgqueuer_what(batch: int | None) -> str:
+    def pgqueuer_what(name: str, batch: int | None) -> str:
         if not peer:
             return f"pgqueuer {missing}"
-        return f"pgqueuer's QueueManager (drain mode, {batch} jobs per batch), same server"
+        return beside_pg(
+            name,
+            f"pgqueuer's QueueManager (drain mode, {batch} jobs per batch), same server",
+        )
 
     rows = [
         figure(
@@ -874,7 +904,7 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             "jobs/s",
             rate("pgqueuer", "drain"),
             "jobs/s",
-            pgqueuer_what(workers),
+            pgqueuer_what("pgqueuer", workers),
             "≥ 0.8x",
             rounds=paired("pgqueuer"),
         ),
@@ -884,7 +914,7 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             "jobs/s",
             rate("pgqueuer_default", "drain"),
             "jobs/s",
-            pgqueuer_what(default_batch),
+            pgqueuer_what("pgqueuer_default", default_batch),
             "≥ 1.0x",
             rounds=paired("pgqueuer_default"),
         ),
@@ -894,7 +924,7 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
             "jobs/s",
             rate("awa", "drain"),
             "jobs/s",
-            "awa's async workers (awa-pg, a Rust engine), same server"
+            beside_pg("awa", "awa's async workers (awa-pg, a Rust engine), same server")
             if runs["awa"]
             else "awa-pg not installed (pip install -e '.[bench]')",
             "report",

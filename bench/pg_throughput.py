@@ -71,6 +71,7 @@ def raw_child(args: dict) -> dict:
 
     conn = psycopg.connect(args["url"], autocommit=True)
     household, n = args["household"], args["jobs"]
+    cpu = pg.DrainCpu(args["url"])
     mark = pg.wal_mark(args["url"])
     started = time.perf_counter()
     for _ in range(n):
@@ -78,6 +79,7 @@ def raw_child(args: dict) -> dict:
         conn.execute(INSERT, (uuid.uuid4().hex, household))
         conn.execute("COMMIT")
     enqueued = time.perf_counter()
+    cpu.start()
     owner = secrets.token_hex(16)
     claim = {"kinds": ["noop"], "owner": owner}
     while True:
@@ -90,10 +92,12 @@ def raw_child(args: dict) -> dict:
         conn.execute(SUCCEED, (row[0], owner, row[8]))
         conn.execute("COMMIT")
     drained = time.perf_counter()
+    cpu.stop()
     conn.close()
     return {
         "enqueue_seconds": enqueued - started,
         "drain_seconds": drained - enqueued,
+        **cpu.figures(),
         "written": pg.written_since(args["url"], mark, n),
     }
 
@@ -115,16 +119,19 @@ def runner_child(args: dict) -> dict:
     jobs, store = get_jobs(app), get_store(app)
     household, n = args["household"], args["jobs"]
     counter.expect(n)
+    cpu = pg.DrainCpu(args["url"])
     mark = pg.wal_mark(args["url"])
     started = time.perf_counter()
     for _ in range(n):
         jobs.enqueue("noop", {}, household_id=household)
     enqueued = time.perf_counter()
+    cpu.start()
     pool = jobs.start_pool()
     counter.done.wait()
     while store.read(_active):
         gevent.sleep(0.001)
     drained = time.perf_counter()
+    cpu.stop()
     pool.stop(5)
     try:
         store.close()
@@ -137,6 +144,7 @@ def runner_child(args: dict) -> dict:
     return {
         "enqueue_seconds": enqueued - started,
         "drain_seconds": drained - enqueued,
+        **cpu.figures(),
         "written": written,
     }
 
@@ -170,16 +178,19 @@ def procrastinate_child(args: dict) -> dict:
     async def run() -> dict:
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
+            cpu = pg.DrainCpu(args["url"])
             mark = pg.wal_mark(args["url"])
             started = time.perf_counter()
             for _ in range(n):
                 await noop.defer_async()
             enqueued = time.perf_counter()
+            cpu.start()
             # wait=False: the worker returns once it finds the queue empty.
             await app.run_worker_async(
                 concurrency=args["workers"], wait=False, install_signal_handlers=False
             )
             drained = time.perf_counter()
+            cpu.stop()
             written = pg.written_since(args["url"], mark, n)
             rows = await app.connector.execute_query_all_async(
                 "SELECT status, count(*) AS jobs FROM procrastinate_jobs GROUP BY status"
@@ -190,6 +201,7 @@ def procrastinate_child(args: dict) -> dict:
         return {
             "enqueue_seconds": enqueued - started,
             "drain_seconds": drained - enqueued,
+            **cpu.figures(),
             "written": written,
         }
 
@@ -227,11 +239,13 @@ def awa_child(args: dict) -> dict:
             if count["jobs"] >= n:
                 done.set()
 
+        cpu = pg.DrainCpu(args["url"])
         mark = pg.wal_mark(args["url"])
         started = time.perf_counter()
         for _ in range(n):
             await client.insert(Noop(), queue="bench")
         enqueued = time.perf_counter()
+        cpu.start()
         await client.start([("bench", args["workers"])])
         await asyncio.wait_for(done.wait(), timeout=600)
         # Drained at its last outcome committed, as seen from another
@@ -240,6 +254,7 @@ def awa_child(args: dict) -> dict:
         while await watching.fetchval(_AWA_UNFINISHED):
             await asyncio.sleep(0.001)
         drained = time.perf_counter()
+        cpu.stop()
         await watching.close()
         await client.shutdown()
         written = pg.written_since(args["url"], mark, n)
@@ -248,6 +263,7 @@ def awa_child(args: dict) -> dict:
         return {
             "enqueue_seconds": enqueued - started,
             "drain_seconds": drained - enqueued,
+            **cpu.figures(),
             "written": written,
         }
 
@@ -294,10 +310,12 @@ def pgqueuer_child(args: dict) -> dict:
         await queries.install()
         watching = await asyncpg.connect(url)
         watcher = Queries(AsyncpgDriver(watching))
+        cpu = pg.DrainCpu(args["url"])
         mark = pg.wal_mark(args["url"])
         started = time.perf_counter()
         await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
         enqueued = time.perf_counter()
+        cpu.start()
         manager = QueueManager(queries)
 
         @manager.entrypoint("noop")
@@ -313,6 +331,7 @@ def pgqueuer_child(args: dict) -> dict:
         ):
             await asyncio.sleep(0.001)
         drained = time.perf_counter()
+        cpu.stop()
         manager.shutdown.set()
         await worker
         left = sum(size.count for size in await watcher.queue_size())
@@ -324,6 +343,7 @@ def pgqueuer_child(args: dict) -> dict:
         return {
             "enqueue_seconds": enqueued - started,
             "drain_seconds": drained - enqueued,
+            **cpu.figures(),
             "batch": batch,
             "written": written,
         }

@@ -57,6 +57,11 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     # The printed table carries every figure too.
     for name in FIGURES:
         assert f"| {name} |" in completed.stdout
+    # Beside a PostgreSQL drain ratio, both sides' CPU a job (the test's
+    # server runs on this machine, where `/proc` shows its processes).
+    by_name = {row["figure"]: row for row in results["figures"]}
+    if "pg_drain_vs_raw" in by_name:
+        assert "CPU a job of the drain" in by_name["pg_drain_vs_raw"]["baseline_what"]
 
 
 @pytest.mark.timeout(300)
