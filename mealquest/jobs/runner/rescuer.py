@@ -4,14 +4,14 @@ A lease is rescued only when two clocks agree it is dead: the database's
 (the lease's expiry is past) and the rescuer's own monotonic clock (it has
 read the same expiry, unrenewed, for a whole lease, with no look between
 that failed: while the database is away nobody can renew, so after an
-outage every owner has a whole lease to renew before its jobs are taken). The database's clock
-is a host's wall clock on SQLite, which NTP may step: after a step forward
-every lease looks expired at once, while their owners still renew them;
-a renewal changes the expiry, so a rescuer that waits to see a lease go
-unrenewed for a whole lease takes none of those. The database's clock
-guards the other way round: a process of a deployment whose lease is
-longer than this one's (during a rolling change of the setting) is not
-rescued early.
+outage every owner has a whole lease to renew before its jobs are taken).
+The database's clock is a host's wall clock on SQLite, which NTP may
+step: after a step forward every lease looks expired at once, while their
+owners still renew them; a renewal changes the expiry, so a rescuer that
+waits to see a lease go unrenewed for a whole lease takes none of those.
+The database's clock guards the other way round: a process of a
+deployment whose lease is longer than this one's (during a rolling change
+of the setting) is not rescued early.
 """
 
 from __future__ import annotations
