@@ -124,13 +124,14 @@ class DrainCpu:
 def _postmaster(url: str) -> int | None:
     """The pid of the server's postmaster, the parent of a backend of ours;
     None when the server is not on this machine."""
+    # Read while the connection is open: its backend exits once it closes.
     with _admin(url) as conn:
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-    try:
-        parent = _stat(backend)[1]
-        return parent if _stat(parent)[0] == "postgres" else None
-    except OSError:
-        return None
+        try:
+            parent = _stat(backend)[1]
+            return parent if _stat(parent)[0] == "postgres" else None
+        except OSError:
+            return None
 
 
 def _stat(pid: int) -> tuple[str, int, float, float]:
