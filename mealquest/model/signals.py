@@ -7,7 +7,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from mealquest.model.jobs import Job
+from mealquest.model.jobs import FINAL_STATUSES, Job, Status
 
 # A step's or a signal's name: what a kind's author writes, and what a route's
 # path carries. A wait's deadline is kept as the step `wait:<signal>`, a
@@ -55,6 +55,26 @@ class SignalResult:
 
     signaled: Signaled
     job: Job | None
+
+
+def refused(
+    job: Job, name: str, kept: bool, kept_key: str | None, idempotency_key: str | None
+) -> SignalResult | None:
+    """The answer to a signal `name` that changes nothing, or None when it is
+    to be kept: one the job has already (`kept`, under `kept_key`) is a repeat
+    of the same request or refused; so is one for a final job or a job that
+    waits for another signal. The rule every driver's `signal` applies."""
+    if kept:
+        repeated = idempotency_key is not None and kept_key == idempotency_key
+        return SignalResult(Signaled.REPEATED if repeated else Signaled.NOT_WAITING, job)
+    if job.status in FINAL_STATUSES or job.waiting_signal not in (None, name):
+        return SignalResult(Signaled.NOT_WAITING, job)
+    return None
+
+
+def resumes(job: Job, name: str) -> bool:
+    """Whether a kept signal `name` makes `job` due now: it waits for it."""
+    return job.status is Status.QUEUED and job.waiting_signal == name
 
 
 class WaitForHousehold(BaseException):

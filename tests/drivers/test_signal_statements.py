@@ -4,10 +4,10 @@ databases (and through PgBouncer): kept steps, waits, and signals."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from mealquest.model.jobs import Attempt, Status, Transition
 from mealquest.model.signals import Signaled
+from tests.conftest import wait_for
 from tests.drivers.conftest import claim, enqueue, get, other_household, set_run_at
 
 PROMPT = '{"question":"how many?"}'
@@ -57,8 +57,9 @@ def test_a_wait_begins_once_and_times_out_by_the_databases_clock(store, househol
     [second] = claim(store)
     assert second.id == short
     assert store.write(store.signals.begin_wait, second.lease, "answer", 0.001) is not None
-    time.sleep(0.01)  # past a deadline a millisecond away, by any clock
-    assert store.read(store.signals.wait_state, short, "answer").timed_out is True
+    # Past a deadline a millisecond away, by the database's clock.
+    timed_out = wait_for(lambda: store.read(store.signals.wait_state, short, "answer").timed_out)
+    assert timed_out is True
     gone = dataclasses.replace(second.lease, owner="someone-else")
     assert store.write(store.signals.begin_wait, gone, "other", 10.0) is None
 

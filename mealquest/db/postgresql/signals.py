@@ -14,8 +14,15 @@ from __future__ import annotations
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.postgresql.job_rows import COLUMNS, NEXT_VERSION, to_job
 from mealquest.db.postgresql.transaction import postgres_transaction
-from mealquest.model.jobs import FINAL_STATUSES, Job, Lease, Status
-from mealquest.model.signals import WAIT_STEP_PREFIX, Signaled, SignalResult, WaitState
+from mealquest.model.jobs import Job, Lease
+from mealquest.model.signals import (
+    WAIT_STEP_PREFIX,
+    Signaled,
+    SignalResult,
+    WaitState,
+    refused,
+    resumes,
+)
 
 _FENCE = (
     "EXISTS (SELECT 1 FROM jobs WHERE id = %(job_id)s AND status = 'running' "
@@ -112,17 +119,16 @@ def signal(
     kept = tx.execute(
         "SELECT idempotency_key FROM job_signals WHERE job_id = %s AND name = %s", (job_id, name)
     ).fetchone()
-    if kept is not None:
-        repeated = idempotency_key is not None and kept["idempotency_key"] == idempotency_key
-        return SignalResult(Signaled.REPEATED if repeated else Signaled.NOT_WAITING, job)
-    if job.status in FINAL_STATUSES or job.waiting_signal not in (None, name):
-        return SignalResult(Signaled.NOT_WAITING, job)
+    kept_key = kept["idempotency_key"] if kept is not None else None
+    refusal = refused(job, name, kept is not None, kept_key, idempotency_key)
+    if refusal is not None:
+        return refusal
     tx.execute(
         "INSERT INTO job_signals (job_id, name, payload, idempotency_key, received_at) "
         "VALUES (%s, %s, %s, %s, now())",
         (job_id, name, payload, idempotency_key),
     )
-    if job.status is not Status.QUEUED or job.waiting_signal != name:
+    if not resumes(job, name):
         return SignalResult(Signaled.KEPT, job)
     row = tx.execute(
         f"UPDATE jobs SET run_at = now(), waiting_signal = NULL, updated_at = now(), "

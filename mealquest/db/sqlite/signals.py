@@ -10,8 +10,15 @@ from datetime import timedelta
 from mealquest.clock import from_text, to_text, utc_now
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.sqlite.job_rows import COLUMNS, NEXT_VERSION
-from mealquest.model.jobs import FINAL_STATUSES, Job, Lease, Status
-from mealquest.model.signals import WAIT_STEP_PREFIX, Signaled, SignalResult, WaitState
+from mealquest.model.jobs import Job, Lease
+from mealquest.model.signals import (
+    WAIT_STEP_PREFIX,
+    Signaled,
+    SignalResult,
+    WaitState,
+    refused,
+    resumes,
+)
 
 _FENCE = (
     "EXISTS (SELECT 1 FROM jobs WHERE id = :job_id AND status = 'running' "
@@ -108,18 +115,17 @@ def signal(
     kept = tx.execute(
         "SELECT idempotency_key FROM job_signals WHERE job_id = ? AND name = ?", (job_id, name)
     ).fetchone()
-    if kept is not None:
-        repeated = idempotency_key is not None and kept["idempotency_key"] == idempotency_key
-        return SignalResult(Signaled.REPEATED if repeated else Signaled.NOT_WAITING, job)
-    if job.status in FINAL_STATUSES or job.waiting_signal not in (None, name):
-        return SignalResult(Signaled.NOT_WAITING, job)
+    kept_key = kept["idempotency_key"] if kept is not None else None
+    refusal = refused(job, name, kept is not None, kept_key, idempotency_key)
+    if refusal is not None:
+        return refusal
     now = to_text(utc_now())
     tx.execute(
         "INSERT INTO job_signals (job_id, name, payload, idempotency_key, received_at) "
         "VALUES (?, ?, ?, ?, ?)",
         (job_id, name, payload, idempotency_key, now),
     )
-    if job.status is not Status.QUEUED or job.waiting_signal != name:
+    if not resumes(job, name):
         return SignalResult(Signaled.KEPT, job)
     tx.execute(
         f"UPDATE jobs SET run_at = :now, waiting_signal = NULL, updated_at = :now, {NEXT_VERSION} "
