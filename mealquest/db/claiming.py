@@ -19,6 +19,10 @@ from dataclasses import replace
 from mealquest.db.driver import Reads, Transaction
 from mealquest.model.jobs import ClaimRequest, Job
 
+# A claim counts on up to this share of its batch from each household when
+# it chooses how many households to take (`household_share`).
+_HOUSEHOLDS_A_BATCH_COUNTS_ON = 4
+
 # One statement's claim of the jobs of one priority.
 ClaimOnePriority = Callable[[Transaction, ClaimRequest], list[Job]]
 # Whether a job of one of the kinds is queued and due (in the claim's transaction).
@@ -53,3 +57,24 @@ def by_priority(
             if not any_due(tx, open_kinds):
                 break
     return claimed
+
+
+def household_share(limit: int) -> int:
+    """How many of a household's queued jobs a claim of `limit` counts on
+    when it chooses how many households to take: a quarter of the batch,
+    rounded up.
+
+    A claim takes the households in turn until their queued jobs, each
+    household's counted up to this share, fill the batch, and fills the
+    batch from those households as if claimed one job at a time. On
+    PostgreSQL a household is one claim's until it commits (the claim locks
+    its queue row, `SKIP LOCKED`): a claim of 32 that took all twenty
+    households with due jobs left every claim made at the same moment by
+    another process nothing to take, so a second process drained no faster
+    than one. Taking four households of eight jobs instead leaves the next
+    ones to the other claims, and each household still takes its turn:
+    the next claim ranks the households served now after the others. Where
+    households have few jobs queued, a claim takes as many households as
+    fill its batch, as before.
+    """
+    return -(-limit // _HOUSEHOLDS_A_BATCH_COUNTS_ON)

@@ -217,6 +217,43 @@ def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store,
     assert [[job.household_id for job in batch] for batch in taken] == [[h] for h in in_turn]
 
 
+def test_claims_made_at_once_over_households_with_many_jobs_each_take_households_of_their_own(
+    store, pg_url, household
+):
+    """A claim of 8 over eight households with jobs to spare takes four of
+    them, not all eight: a second process's claim made meanwhile takes the
+    other four, so two processes drain faster than one."""
+    every = [
+        household,
+        *(
+            store.write(households.create_household, name=f"H{n}", token_sha256=d * 64)[0]
+            for n, d in enumerate("bcdefgh")
+        ),
+    ]
+    for owner in every:
+        for _ in range(4):
+            enqueue(store, owner)
+    claims = [raw_transaction(store, pg_url) for _ in range(2)]
+    try:
+        taken = [
+            jobs.claim(
+                tx, ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=8, kinds=["succeed"])
+            )
+            for n, tx in enumerate(claims)
+        ]
+        for tx in claims:
+            tx.conn.execute("COMMIT")
+    finally:
+        for tx in claims:
+            tx.conn.close()
+
+    assert [len(batch) for batch in taken] == [8, 8]
+    assert [{job.household_id for job in batch} for batch in taken] == [
+        set(every[:4]),
+        set(every[4:]),
+    ]
+
+
 def test_a_claim_never_deadlocks_with_a_transaction_holding_a_household_it_wants(
     store, pg_url, household
 ):

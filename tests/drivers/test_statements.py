@@ -8,6 +8,7 @@ lease, a claim in the future).
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -106,6 +107,42 @@ def test_claim_honours_the_limit_and_the_kinds(store, household):
     assert claim(store, kinds=()) == []
     assert claim(store, limit=0) == []
     assert [job.id for job in claim(store, kinds=("succeed", "sleep"))] == [b, other]
+
+
+def test_a_claim_takes_households_in_turn_a_quarter_of_its_batch_each(store, household):
+    """It takes as few households as fill its batch, counting on up to a
+    quarter of it from each, so a claim made at the same moment by another
+    process finds households of its own (tests/drivers/test_postgresql.py)."""
+    every = [household, *(other_household(store, f"H{n}", "bcdef"[n]) for n in range(5))]
+    for owner in every:
+        for _ in range(3):
+            enqueue(store, owner)
+
+    taken = Counter(job.household_id for job in claim(store, limit=8))
+
+    # Households in turn (the first queued first), two jobs each.
+    assert taken == {owner: 2 for owner in every[:4]}
+    # Served, they wait behind the two not served yet.
+    assert Counter(job.household_id for job in claim(store, limit=2)) == {
+        owner: 1 for owner in every[4:]
+    }
+
+
+def test_a_claim_takes_as_many_households_as_its_batch_needs_where_they_have_few_jobs(
+    store, household
+):
+    few, many = other_household(store, "Few", "b"), other_household(store, "Many", "c")
+    enqueue(store, household)
+    for _ in range(2):
+        enqueue(store, few)
+    for _ in range(9):
+        enqueue(store, many)
+
+    taken = Counter(job.household_id for job in claim(store, limit=8))
+
+    # A share is two: one job, two and two fall short of eight, so all three
+    # households are taken, and their jobs one at a time in turn.
+    assert taken == {household: 1, few: 2, many: 5}
 
 
 def test_claim_with_a_moment_in_the_future_takes_jobs_not_yet_due(store, household):

@@ -3,8 +3,10 @@
 Households with due jobs of the claim's priority take turns: the one with
 the fewest running jobs first, then the one served longest ago (of those one
 claim served, the one served fewer jobs so far), then the one whose oldest
-job is oldest; within a household, oldest first. A batch fills as if
-claimed one job at a time, each claim counting as a running job of its
+job is oldest; within a household, oldest first. A claim takes as few
+households in turn as fill its batch, counting on up to a quarter of it
+from each (`claiming.household_share`), and fills the batch from them as
+if claimed one job at a time, each claim counting as a running job of its
 household. Cost: the households with running jobs plus about four times
 `limit` households (`_HOUSEHOLDS_RANKED_PER_PLACE`) and `limit` jobs each,
 through indexes; never the finished rows or the households with nothing
@@ -80,7 +82,7 @@ _UNPARTITIONED = " AND (partition_key IS NULL OR kind <> ALL(%(unpartitioned)s::
 _CLAIM = """
 WITH {ctes}idle AS (
     SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
+           q.head_run_at, q.head_seq, q.queued
     FROM household_queues AS q
     WHERE q.head_run_at <= {now}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
@@ -91,7 +93,7 @@ WITH {ctes}idle AS (
 ),
 busy AS (
     SELECT q.household_id, b.running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
+           q.head_run_at, q.head_seq, q.queued
     FROM (SELECT household_id, count(*) AS running FROM jobs
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
@@ -100,14 +102,16 @@ busy AS (
                 ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
 ),
 chosen AS MATERIALIZED (
-    SELECT household_id, running, row_number() OVER (ORDER BY {turn}) AS place
-    FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
-    ORDER BY {turn} LIMIT %(ranked)s
+    SELECT household_id, running, place,
+           sum(least(queued, %(share)s)) OVER (ORDER BY place) - least(queued, %(share)s) AS ahead
+    FROM (SELECT household_id, running, queued, row_number() OVER (ORDER BY {turn}) AS place
+          FROM (SELECT * FROM idle UNION ALL SELECT * FROM busy) AS c
+          ORDER BY {turn} LIMIT %(ranked)s) AS ranked
 ),
 candidates AS (
     SELECT c.household_id, c.running, c.place
     FROM chosen AS c JOIN household_queues AS q USING (household_id)
-    ORDER BY c.place LIMIT %(limit)s
+    ORDER BY c.place LIMIT (SELECT count(*) FROM chosen WHERE ahead < %(limit)s)
     FOR UPDATE OF q SKIP LOCKED
 ),
 picks AS (
@@ -164,6 +168,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         "kinds": list(kinds),
         "limit": limit,
         "ranked": limit * _HOUSEHOLDS_RANKED_PER_PLACE,
+        "share": claiming.household_share(limit),
         "owner": request.owner,
         "lease_seconds": float(request.lease_seconds),
         "unpartitioned": scope.unpartitioned,

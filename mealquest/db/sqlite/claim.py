@@ -3,8 +3,10 @@
 Households with due jobs of the claim's priority take turns: the one with
 the fewest running jobs first, then the one served longest ago (of those one
 claim served, the one served fewer jobs so far), then the one whose oldest
-job is oldest; within a household, oldest first. A batch fills as if
-claimed one job at a time, each claim counting as a running job of its
+job is oldest; within a household, oldest first. A claim takes as few
+households in turn as fill its batch, counting on up to a quarter of it
+from each (`claiming.household_share`), and fills the batch from them as
+if claimed one job at a time, each claim counting as a running job of its
 household. Cost: the households with running jobs plus about `limit`
 households and `limit` jobs each, through indexes; never the finished rows
 or the households with nothing queued.
@@ -53,11 +55,11 @@ _NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended
 # and running jobs are read through their partial indexes, not through
 # (household_id, kind, seq), which holds its whole history.
 _CLAIM = """
-WITH {ctes}candidates(household_id, running, place) AS (
-    SELECT household_id, running, row_number() OVER (ORDER BY {turn}) FROM (
+WITH {ctes}ranked(household_id, running, queued, place) AS (
+    SELECT household_id, running, queued, row_number() OVER (ORDER BY {turn}) FROM (
         SELECT * FROM (
             SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
+           q.head_run_at, q.head_seq, q.queued
             FROM household_queues AS q INDEXED BY household_queues_turn
             WHERE +q.head_run_at <= :now
             AND NOT EXISTS (SELECT 1 FROM jobs AS r INDEXED BY jobs_running
@@ -68,7 +70,7 @@ WITH {ctes}candidates(household_id, running, place) AS (
         )
         UNION ALL
         SELECT q.household_id, b.running, q.served_at, q.served_jobs,
-           q.head_run_at, q.head_seq
+           q.head_run_at, q.head_seq, q.queued
         FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
               WHERE status = 'running' GROUP BY household_id) AS b
         JOIN household_queues AS q ON q.household_id = b.household_id
@@ -77,6 +79,13 @@ WITH {ctes}candidates(household_id, running, place) AS (
                         WHERE j.household_id = q.household_id AND j.{due})
     )
     ORDER BY {turn} LIMIT :limit
+),
+candidates(household_id, running, place) AS (
+    SELECT household_id, running, place FROM (
+        SELECT household_id, running, place,
+               sum(min(queued, :share)) OVER (ORDER BY place) - min(queued, :share) AS ahead
+        FROM ranked
+    ) WHERE ahead < :limit
 ),
 picks AS (
     SELECT j.seq, j.kind, j.partition_key, j.run_at, c.place,
@@ -133,6 +142,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         "moment": moment_text(moment),
         "now": moment_text(moment),
         "limit": limit,
+        "share": claiming.household_share(limit),
         **scope.params,
         **most_params,
     }
