@@ -26,6 +26,7 @@ def main() -> None:
     from bench import (
         claims,
         enqueue,
+        enqueue_parts,
         fairness,
         freeze,
         latency,
@@ -37,6 +38,7 @@ def main() -> None:
     functions = {
         **throughput.CHILDREN,
         **enqueue.CHILDREN,
+        **enqueue_parts.CHILDREN,
         **latency.CHILDREN,
         **freeze.CHILDREN,
         **claims.CHILDREN,

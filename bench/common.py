@@ -54,6 +54,7 @@ class Sizes:
     fair_jobs: int  # queued jobs, between 1,000 households or held by one, for the fair claim
     fair_a_jobs: int  # household A's jobs ahead of B's one in the B-behind-A delay
     wal_jobs: int  # single-job enqueues whose WAL frames are counted
+    enqueue_part_calls: int  # calls a round of each part of the HTTP enqueue route
 
 
 FULL = Sizes(
@@ -74,6 +75,7 @@ FULL = Sizes(
     fair_jobs=20_000,
     fair_a_jobs=100,
     wal_jobs=1_000,
+    enqueue_part_calls=1_000,
 )
 
 QUICK = Sizes(
@@ -94,6 +96,7 @@ QUICK = Sizes(
     fair_jobs=2_000,
     fair_a_jobs=15,
     wal_jobs=50,
+    enqueue_part_calls=50,
 )
 
 

@@ -1,8 +1,11 @@
 """The enqueue side: concurrent HTTP enqueuers, and what one enqueue writes.
 
 * `serve_and_enqueue`: `POST /api/v1/recipe-imports` through real gunicorn
-  (the project's `gunicorn.conf.py`, 2 gevent workers, each with its job
-  pool) with the kind's handler swapped for a no-op (`bench.app`). Every
+  (the project's `gunicorn.conf.py`, 2 gevent workers) with the kind's
+  handler swapped for a no-op (`bench.app`), its jobs run either by the
+  workers' own job pools, as deployed by default, or by a `flask jobs work`
+  process beside them (`MEALQUEST_JOB_POOL_IN_WEB=false`), which shows the
+  route's own cost. Every
   POST names one host, whose imports start at most 30 a minute (the kind's
   politeness limits, kept), so the household's queue grows through the run
   and each answer's place in line is read behind thousands of its jobs.
@@ -37,7 +40,7 @@ from bench.common import (
     wait_until,
 )
 from bench.loadgen import run_load
-from bench.throughput import INSERT
+from bench.throughput import INSERT, start_workers, stop_processes
 from bench.web import _seed
 from mealquest.clock import to_text
 
@@ -62,9 +65,13 @@ def serve_and_enqueue(
     repeats: int,
     generator: str,
     synchronous: str,
+    *,
+    jobs_elsewhere: bool = False,
 ) -> tuple[dict, dict]:
     """Requests/s and p99 of concurrent HTTP enqueues, and of the trivial route on the
-    same gunicorn, the two loaded in alternating rounds."""
+    same gunicorn, the two loaded in alternating rounds (each summary's
+    `rounds`: its requests/s round by round). `jobs_elsewhere`: the jobs run
+    in a `flask jobs work` process, not in gunicorn's workers."""
     db, household = fresh_database(workdir, "http-enqueue.sqlite3")
     token, _, _ = _seed(db, household)
     port = free_port()
@@ -76,7 +83,9 @@ def serve_and_enqueue(
         "MEALQUEST_DB_SYNCHRONOUS": synchronous,
         "MEALQUEST_BENCH_NOOP_IMPORTS": "1",
         "WEB_CONCURRENCY": "2",
+        "MEALQUEST_JOB_POOL_IN_WEB": "false" if jobs_elsewhere else "true",
     }
+    workers: list[subprocess.Popen] = []
     server = subprocess.Popen(
         [
             sys.executable,
@@ -103,6 +112,9 @@ def serve_and_enqueue(
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     http, trivial = [], []
     try:
+        if jobs_elsewhere:
+            log = workdir / "worker-enqueue.log"
+            workers = start_workers(db, [log], DB_SYNCHRONOUS=synchronous, BENCH_NOOP_IMPORTS=1)
         wait_until(
             lambda: _answers(trivial_url) or server.poll() is not None,
             timeout=60,
@@ -125,6 +137,7 @@ def serve_and_enqueue(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        stop_processes(workers)
     for run in http + trivial:
         if run["non_200"]:
             raise RuntimeError(f"{run['non_200']} answers were not 2xx")
@@ -134,6 +147,7 @@ def serve_and_enqueue(
             "requests_per_s": median([r["requests_per_s"] for r in runs]),
             "p99_ms": median([r["p99_ms"] for r in runs]),
             "generator": runs[0]["generator"],
+            "rounds": [r["requests_per_s"] for r in runs],
         }
 
     return summary(http), summary(trivial)

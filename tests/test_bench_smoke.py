@@ -60,6 +60,9 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     # Beside a PostgreSQL drain ratio, both sides' CPU a job (the test's
     # server runs on this machine, where `/proc` shows its processes).
     by_name = {row["figure"]: row for row in results["figures"]}
+    # Beside each SQLite ratio against a peer, both sides' CPU a job.
+    for name in ("drain_vs_huey", "cycle_vs_huey", "drain_vs_minimal", "cycle_vs_minimal"):
+        assert "CPU per job of the" in by_name[name]["baseline_what"], name
     if "pg_drain_vs_raw" in by_name:
         assert "CPU a job of the drain" in by_name["pg_drain_vs_raw"]["baseline_what"]
 
