@@ -60,6 +60,14 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     # Beside a PostgreSQL drain ratio, both sides' CPU a job (the test's
     # server runs on this machine, where `/proc` shows its processes).
     by_name = {row["figure"]: row for row in results["figures"]}
+    # The enqueue route's parts were each timed inside it: none is missing,
+    # and together they are less than the whole.
+    parts = [
+        by_name[f"http_enqueue_part_{part}"]
+        for part in ("authentication", "validation", "write", "answer")
+    ]
+    assert all(row["value"] > 0 for row in parts), parts
+    assert sum(row["value"] for row in parts) < parts[0]["baseline"]
     # Beside each SQLite ratio against a peer, both sides' CPU a job.
     for name in ("drain_vs_huey", "cycle_vs_huey", "drain_vs_minimal", "cycle_vs_minimal"):
         assert "CPU per job of the" in by_name[name]["baseline_what"], name
