@@ -18,9 +18,11 @@ job and a claim never waits: another transaction may hold a household's row
 (an enqueue, a retry or a rescue for it, whose triggers lock it, or a claim)
 while it waits for a row this one holds, and waiting would deadlock. A
 household skipped so is served by the next claim, and this one takes the
-next households in turn instead: up to four claims made at once (by several
-processes) each take households of their own; a fifth may find every
-household it ranked held, and then takes nothing until its next claim.
+next households in turn instead. A claim takes only as many households as
+fill its batch, so claims made at once (by several processes) each take
+households of their own while the households it ranked (four times
+`limit`) have some not held; one that finds every household it ranked held
+takes nothing until its next claim.
 
 Only the kinds this process can run: during a rolling deploy that adds a
 kind, older processes leave its jobs queued. `kind_limits` caps how many of
