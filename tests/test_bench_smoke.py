@@ -71,6 +71,7 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
     # Beside each SQLite ratio against a peer, both sides' CPU a job.
     for name in ("drain_vs_huey", "cycle_vs_huey", "drain_vs_minimal", "cycle_vs_minimal"):
         assert "CPU per job of the" in by_name[name]["baseline_what"], name
+    assert "CPU per enqueue" in by_name["enqueue_vs_huey"]["baseline_what"]
     if "pg_drain_vs_raw" in by_name:
         assert "CPU a job of the drain" in by_name["pg_drain_vs_raw"]["baseline_what"]
 
