@@ -20,7 +20,7 @@ from mealquest.db.errors import StoreUnavailable, WriteOutcomeUnknown
 from mealquest.db.postgresql import households, jobs
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.postgresql.transaction import PostgresTransaction
-from mealquest.model.jobs import ClaimRequest, NewJob, OnInterrupt
+from mealquest.model.jobs import ClaimRequest, Job, NewJob, OnInterrupt
 from tests.drivers.conftest import LEASE, claim, enqueue, get
 from tests.support.postgres import (
     fresh_database,
@@ -189,6 +189,27 @@ def test_two_open_claims_of_one_household_never_wait_and_take_disjoint_jobs(
     assert {get(store, job.id).lease_owner for job in theirs} == {"b"}
 
 
+def claims_held_open_at_once(store, pg_url, limits: list[int]) -> list[list[Job]]:
+    """A claim of each limit, each in a transaction of its own, all open
+    until the last has claimed (as several processes' claims made at once):
+    what each took."""
+    claims = [raw_transaction(store, pg_url) for _ in limits]
+    try:
+        taken = [
+            jobs.claim(
+                tx,
+                ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=limit, kinds=["succeed"]),
+            )
+            for n, (tx, limit) in enumerate(zip(claims, limits, strict=True))
+        ]
+        for tx in claims:
+            tx.conn.execute("COMMIT")
+    finally:
+        for tx in claims:
+            tx.conn.close()
+    return taken
+
+
 def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store, pg_url, household):
     """Several processes claim at once: each claim skips the households the
     others hold and takes the next ones in turn, so they work side by side."""
@@ -200,19 +221,7 @@ def test_claims_made_at_once_take_the_next_households_in_turn_not_nothing(store,
     for owner in in_turn:
         enqueue(store, owner)
         enqueue(store, owner)
-    claims = [raw_transaction(store, pg_url) for _ in in_turn]
-    try:
-        taken = [
-            jobs.claim(
-                tx, ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=1, kinds=["succeed"])
-            )
-            for n, tx in enumerate(claims)
-        ]
-        for tx in claims:
-            tx.conn.execute("COMMIT")
-    finally:
-        for tx in claims:
-            tx.conn.close()
+    taken = claims_held_open_at_once(store, pg_url, [1] * len(in_turn))
 
     assert [[job.household_id for job in batch] for batch in taken] == [[h] for h in in_turn]
 
@@ -233,19 +242,7 @@ def test_claims_made_at_once_over_households_with_many_jobs_each_take_households
     for owner in every:
         for _ in range(4):
             enqueue(store, owner)
-    claims = [raw_transaction(store, pg_url) for _ in range(2)]
-    try:
-        taken = [
-            jobs.claim(
-                tx, ClaimRequest(owner=f"p{n}", lease_seconds=LEASE, limit=8, kinds=["succeed"])
-            )
-            for n, tx in enumerate(claims)
-        ]
-        for tx in claims:
-            tx.conn.execute("COMMIT")
-    finally:
-        for tx in claims:
-            tx.conn.close()
+    taken = claims_held_open_at_once(store, pg_url, [8, 8])
 
     assert [len(batch) for batch in taken] == [8, 8]
     assert [{job.household_id for job in batch} for batch in taken] == [
