@@ -68,6 +68,7 @@ SQLITE_FIGURES = (
     "fair_b_behind_a",
     "partition_claim_vs_unlimited",
     "partition_claim_past_a_backlog",
+    "partition_claim_past_held_households",
     "rss_growth",
 )
 PG_FIGURES = (
@@ -654,6 +655,8 @@ FAIR_RUN_SECONDS = 0.02
 # the jobs of the one at its limit that every claim passes over.
 FAIR_PARTITIONS = 1_000
 FAIR_BACKLOG = 2_000
+# Households whose every job is of the partition at its limit.
+FAIR_HELD = 1_000
 
 
 def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
@@ -670,6 +673,14 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         partitions=FAIR_PARTITIONS,
         backlog=FAIR_BACKLOG,
     )
+    held = fairness.build_queue(
+        workdir,
+        "held.sqlite3",
+        FAIR_HOUSEHOLDS,
+        sizes.fair_jobs,
+        partitions=FAIR_PARTITIONS,
+        held=FAIR_HELD,
+    )
     runs: dict[str, list[float]] = {
         name: []
         for name in (
@@ -680,6 +691,7 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
             "spread_unlimited",
             "backlog",
             "backlog_unlimited",
+            "held",
         )
     }
     for repeat in range(sizes.repeats):
@@ -691,6 +703,7 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
             ("spread_unlimited", spread, "fair", False),
             ("backlog", backlog, "fair", True),
             ("backlog_unlimited", backlog, "fair", False),
+            ("held", held, "fair", True),
         ):
             db = copy_database(source, workdir / f"fair-{name}-{repeat}.sqlite3")
             args = {
@@ -751,6 +764,17 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         "report",
         rounds=paired("backlog", "backlog_unlimited"),
     )
+    past_held = figure(
+        "partition_claim_past_held_households",
+        median(runs["held"]),
+        "claims/s",
+        median(runs["spread"]),
+        "claims/s",
+        f"the same limited claims without the {FAIR_HELD:,} more households that each hold "
+        f"only {fairness.HELD_JOBS} jobs of the partition at its limit",
+        "report",
+        rounds=paired("held", "spread"),
+    )
     delays = []
     for repeat in range(sizes.repeats):
         db, household = fresh_database(workdir, f"fair-delay-{repeat}.sqlite3")
@@ -775,7 +799,7 @@ def measure_fairness(sizes: Sizes, workdir: Path, log: Path) -> list[dict]:
         met=delay <= 2,
         ratio=False,
     )
-    return [households, price, behind, partitioned, past_backlog]
+    return [households, price, behind, partitioned, past_backlog, past_held]
 
 
 def measure_memory(sizes: Sizes, workdir: Path) -> list[dict]:

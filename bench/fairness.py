@@ -15,7 +15,9 @@
   partitions, claimed under a recipe import's limits (2 running, 30 starts
   a minute per partition), against the same claims without limits on the
   same table; and again with one partition at its limit holding a backlog
-  ahead of every household's other jobs, which each claim passes over.
+  ahead of every household's other jobs, which each claim passes over; and
+  again with more households, each holding only jobs of that partition
+  (held households, which claims pass over without reading their jobs).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from mealquest.model.jobs import ClaimRequest, PartitionLimits, Rate, Transition
 
 # What each partition may do in the partitioned figures: a recipe import's defaults.
 LIMITS = PartitionLimits(max_running=2, rate=Rate(30, 60.0))
+# The jobs of each household of `build_queue`'s `held`, all of the partition at its limit.
+HELD_JOBS = 20
 _INSERT_IN_PARTITION = (
     "INSERT INTO jobs (id, household_id, kind, payload, status, max_attempts, run_at, "
     "created_at, updated_at, partition_key) VALUES (?, ?, 'noop', '{}', 'queued', 1, ?, ?, ?, ?)"
@@ -57,6 +61,7 @@ def build_queue(
     *,
     partitions: int = 0,
     backlog: int = 0,
+    held: int = 0,
 ) -> str:
     """A migrated database whose `households` households hold `jobs` queued jobs
     between them, posted in turns (as households posting at once would).
@@ -65,7 +70,9 @@ def build_queue(
     random (seeded), so each household's jobs cross many partitions and each
     partition many households. With `backlog`, that many more jobs of one
     more partition come first (each household's oldest), and two more of it
-    run (never to finish here): that partition is at its limit of 2."""
+    run (never to finish here): that partition is at its limit of 2. With
+    `held`, that many more households hold `HELD_JOBS` jobs each of that
+    partition and nothing else."""
     db, first = fresh_database(directory, name)
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
@@ -78,7 +85,14 @@ def build_queue(
     ]
     now = to_text(datetime.now(UTC))
     if partitions:
-        _insert_partitioned(conn, ids, jobs, partitions, backlog)
+        holding = [
+            conn.execute(
+                "INSERT INTO households (name, created_at) VALUES (?, ?)",
+                (f"bench held {number}", "2024-01-01T00:00:00.000000Z"),
+            ).lastrowid
+            for number in range(held)
+        ]
+        _insert_partitioned(conn, ids, jobs, partitions, backlog, holding)
     else:
         conn.executemany(
             INSERT,
@@ -94,7 +108,12 @@ def build_queue(
 
 
 def _insert_partitioned(
-    conn: sqlite3.Connection, households: list[int], jobs: int, partitions: int, backlog: int
+    conn: sqlite3.Connection,
+    households: list[int],
+    jobs: int,
+    partitions: int,
+    backlog: int,
+    held: list[int],
 ) -> None:
     draw = random.Random(7)
     moment = datetime.now(UTC)
@@ -108,8 +127,13 @@ def _insert_partitioned(
         (uuid.uuid4().hex, households[number % len(households)], now, now, now, f"p{part}")
         for number, part in enumerate(draw.randrange(partitions) for _ in range(jobs))
     ]
+    rows += [
+        (uuid.uuid4().hex, household, old, old, old, "hot")
+        for household in held
+        for _ in range(HELD_JOBS)
+    ]
     conn.executemany(_INSERT_IN_PARTITION, rows)
-    if backlog:
+    if backlog or held:
         for number in range(2):
             conn.execute(
                 "INSERT INTO jobs (id, household_id, kind, payload, status, attempt, "

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg import sql as pg_sql
 
+from mealquest.db import claiming
 from mealquest.db.postgresql.transaction import PostgresTransaction
 from mealquest.db.sqlite.connection import connect
 from mealquest.db.sqlite.store import SqliteTransaction
@@ -672,22 +674,7 @@ def test_a_claim_reads_about_its_batch_of_jobs_however_many_a_household_has_queu
     # SQLite's plans say nothing of rows: count the virtual machine's steps
     # instead, with 20 and with 2,000 jobs queued.
     def steps() -> int:
-        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0
-
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.set_progress_handler(count, 100)
-            assert len(claim(SqliteTransaction(conn))) == 4
-            conn.set_progress_handler(None, 0)
-            conn.execute("ROLLBACK")
-        finally:
-            conn.close()
-        return counted[0]
+        return _steps(store, lambda tx: _took(claim(tx), 4))
 
     earlier = enqueue(20)
     few = steps()
@@ -784,24 +771,100 @@ def test_a_claim_under_partition_limits_reads_no_table_whole_with_1000_partition
     assert {"jobs_partition_running", "jobs_claim"} <= _indexes_read(store, plans)
 
     def steps(partitions: Any) -> int:
-        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0
-
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.set_progress_handler(count, 100)
-            assert len(claim(SqliteTransaction(conn), partitions)) == 4
-            conn.set_progress_handler(None, 0)
-            conn.execute("ROLLBACK")
-        finally:
-            conn.close()
-        return counted[0]
+        return _steps(store, lambda tx: _took(claim(tx, partitions), 4))
 
     assert steps(limited) <= 2 * steps({})
+
+
+def test_a_claim_passes_over_households_whose_every_job_waits_on_a_partition_at_its_limit(
+    make_app, household
+):
+    # Every household here imports from one host, at its limit of two
+    # running imports: none of their jobs can start. A claim read each of
+    # those jobs to learn that, at every claim (20,000 in 1,000 households:
+    # 11 ms a claim instead of 0.7). Once a sweep has held those households,
+    # a claim reads about what it reads without them.
+    app = make_app(JOB_MAX_PENDING_PER_HOUSEHOLD=10_000)
+    jobs, store = get_jobs(app), get_store(app)
+    limited = {"succeed": PartitionLimits(max_running=2)}
+    mine = household.household_id
+
+    def claim(tx: Any, limit: int = 4, now: datetime | None = None) -> list[Any]:
+        request = ClaimRequest(
+            owner="w.1",
+            lease_seconds=60,
+            limit=limit,
+            kinds=("succeed",),
+            partitions=limited,
+            now=now,
+        )
+        return store.jobs.claim(tx, request)
+
+    def work() -> int:
+        """What one claim of four reads: SQLite's virtual machine steps, or
+        the rows PostgreSQL's plans read from `jobs` (rolled back)."""
+        if store.name == "postgresql":
+
+            def measure(tx: Any) -> None:
+                explaining = _Explaining(tx, store)
+                assert len(claim(explaining)) == 4
+                raise _Measured(explaining.plans)
+
+            with pytest.raises(_Measured) as measured:
+                store.write(measure)
+            return sum(_rows_of_jobs_read(measured.value.args[0]))
+        return _steps(store, lambda tx: _took(claim(tx), 4))
+
+    # The host's two imports run; this household's other jobs are each of a
+    # host of their own.
+    jobs.enqueue_many([JobRequest("succeed", {"value": 1}, mine)] * 2)
+    sql.execute(store, "UPDATE jobs SET partition_key = 'host'")
+    assert len(store.write(claim, 2)) == 2
+    jobs.enqueue_many([JobRequest("succeed", {"value": 1}, mine)] * 40)
+    sql.execute(store, "UPDATE jobs SET partition_key = 'p' || seq WHERE status = 'queued'")
+    store.write(claim)
+    few = work()
+
+    # 200 households that never had a turn, each with 20 imports of the host.
+    held = [create_household(store, f"Importers {n}").household_id for n in range(200)]
+    jobs.enqueue_many([JobRequest("succeed", {"value": 1}, h) for h in held for _ in range(20)])
+    sql.execute(
+        store,
+        "UPDATE jobs SET partition_key = 'host' WHERE status = 'queued' AND household_id <> ?",
+        (mine,),
+    )
+    if store.name == "postgresql":
+        sql.execute(store, "ANALYZE")
+    # The first claim once a sweep is due again finds them and holds them;
+    # the next passes over them.
+    later = datetime.now(UTC) + timedelta(seconds=2 * claiming.HOLD_SECONDS)
+    assert {job.household_id for job in store.write(claim, 4, later)} == {mine}
+    assert work() <= 2 * few + 20
+
+
+def _steps(store: Any, work: Callable[[SqliteTransaction], Any]) -> int:
+    """SQLite's virtual machine steps, in hundreds, that `work` takes in a
+    write transaction on a connection of its own, rolled back after."""
+    conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
+    counted = [0]
+
+    def count() -> int:
+        counted[0] += 1
+        return 0
+
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.set_progress_handler(count, 100)
+        work(SqliteTransaction(conn))
+        conn.set_progress_handler(None, 0)
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    return counted[0]
+
+
+def _took(claimed: list[Any], count: int) -> None:
+    assert len(claimed) == count
 
 
 def _nodes_reading_jobs(plans: list[str]) -> Iterator[dict[str, Any]]:
@@ -873,28 +936,16 @@ def test_an_enqueue_reads_about_its_own_row_however_long_its_households_history(
 
     def steps() -> int:
         """Steps of one quota count, one insert and one running-load read."""
-        conn = connect(store.path, synchronous="NORMAL", busy_timeout_ms=5_000)
-        counted = [0]
-
-        def count() -> int:
-            counted[0] += 1
-            return 0
-
         (request,) = enqueueing.prepare_all(
             jobs.registry, [JobRequest("succeed", {"value": 2}, mine)]
         )
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.set_progress_handler(count, 100)
-            tx = SqliteTransaction(conn)
+
+        def enqueue_one(tx: SqliteTransaction) -> None:
             store.jobs.count_pending(tx, mine, 10_000)
             assert store.jobs.insert_job(tx, request)
             store.jobs.household_load(tx, mine)
-            conn.set_progress_handler(None, 0)
-            conn.execute("ROLLBACK")
-        finally:
-            conn.close()
-        return counted[0]
+
+        return _steps(store, enqueue_one)
 
     finish(20)
     few = steps()

@@ -23,6 +23,17 @@ from mealquest.model.jobs import ClaimRequest, Job
 # it chooses how many households to take (`household_share`).
 _HOUSEHOLDS_A_BATCH_COUNTS_ON = 4
 
+# How often a sweep looks for households held by their partitions, and how
+# long a hold lasts at most: the longest a job that falls due in a
+# held household, or a partition whose rate frees with time, waits for a
+# claim to look at that household again (each driver's `holds`).
+HOLD_SECONDS = 1.0
+
+# A look for a due job under partition limits reads up to this many due jobs
+# (oldest first) before it reads the households not held instead: past that
+# many held back, its cost is the households', not each job held back.
+DUE_READ_FIRST = 64
+
 # One statement's claim of the jobs of one priority.
 ClaimOnePriority = Callable[[Transaction, ClaimRequest], list[Job]]
 # Whether a job of one of the kinds is queued and due (in the claim's transaction).

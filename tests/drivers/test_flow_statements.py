@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from mealquest.clock import from_text
+from mealquest.db import claiming
 from mealquest.model.jobs import (
     Attempt,
     ClaimRequest,
@@ -342,6 +343,70 @@ def test_stale_rate_ledgers_are_deleted_in_batches_and_live_ones_kept(store, hou
         == 1
     )
     assert sql.scalar(store, "SELECT count(*) FROM partition_rates") == 1
+
+
+def held_household(store, household: int, *, waiting: int = 70) -> tuple[int, list[Job]]:
+    """A household of its own whose due jobs (`waiting` of them: past what a
+    look reads before it reads households) all wait on a.example, at its
+    limit of two running (`household`'s), held by a claim's sweep: its id
+    and the two running jobs."""
+    for _ in range(2):
+        enqueue_in(store, household, "a.example")
+    running = claim_limited(store, RUNNING_TWO)
+    assert len(running) == 2
+    held = other_household(store)
+    for _ in range(waiting):
+        enqueue_in(store, held, "a.example")
+    return held, running
+
+
+def sweep_due(store):
+    """A moment at which a claim sweeps again (a claim sweeps at most once per
+    `claiming.HOLD_SECONDS`)."""
+    return db_now(store) + timedelta(seconds=2 * claiming.HOLD_SECONDS)
+
+
+def test_a_household_held_by_its_partition_is_claimed_from_once_the_partition_frees(
+    store, household
+):
+    held, running = held_household(store, household)
+    assert claim_limited(store, RUNNING_TWO, now=sweep_due(store)) == []
+    assert not store.read(store.jobs.has_due_job, ["succeed"], partitions=RUNNING_TWO)
+
+    # One of the host's jobs ends: its household's hold ends with it, not
+    # at the hold's moment.
+    store.write(
+        store.jobs.transition, Transition(running[0].lease, to=Status.SUCCEEDED, result="{}")
+    )
+    assert store.read(store.jobs.has_due_job, ["succeed"], partitions=RUNNING_TWO)
+    [taken] = claim_limited(store, RUNNING_TWO)
+    assert taken.household_id == held
+
+
+def test_a_job_joining_a_held_households_queue_is_claimed_at_once(store, household):
+    held, _ = held_household(store, household)
+    assert claim_limited(store, RUNNING_TWO, now=sweep_due(store)) == []
+
+    joining = enqueue_in(store, held, None)
+
+    assert store.read(store.jobs.has_due_job, ["succeed"], partitions=RUNNING_TWO)
+    assert [job.id for job in claim_limited(store, RUNNING_TWO)] == [joining]
+
+
+def test_a_held_households_job_that_falls_due_is_claimed_once_the_hold_is_over(store, household):
+    held, _ = held_household(store, household)
+    falling_due = enqueue_in(store, held, None)
+    swept = sweep_due(store)
+    # Due half a hold after the sweep that holds its household.
+    set_run_at(store, falling_due, 2.5 * claiming.HOLD_SECONDS)
+    assert claim_limited(store, RUNNING_TWO, now=swept) == []
+
+    # Due, but within the hold: passed over.
+    due = swept + timedelta(seconds=0.75 * claiming.HOLD_SECONDS)
+    assert claim_limited(store, RUNNING_TWO, now=due) == []
+    # Past the hold's moment, looked at again.
+    over = swept + timedelta(seconds=1.25 * claiming.HOLD_SECONDS)
+    assert [job.id for job in claim_limited(store, RUNNING_TWO, now=over)] == [falling_due]
 
 
 def test_a_job_of_a_kind_without_limits_keeps_its_partition_but_is_not_held(store, household):

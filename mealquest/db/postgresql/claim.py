@@ -50,6 +50,7 @@ from typing import Any
 from mealquest.db import claiming
 from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.postgresql import holds
 from mealquest.db.postgresql import partitions as limits_sql
 from mealquest.db.postgresql.job_rows import NEXT_VERSION, NOW, qualified, to_job
 from mealquest.db.postgresql.transaction import postgres_transaction
@@ -86,7 +87,7 @@ WITH {ctes}idle AS (
     SELECT q.household_id, 0::bigint AS running, q.served_at, q.served_jobs,
            q.head_run_at, q.head_seq, q.queued
     FROM household_queues AS q
-    WHERE q.head_run_at <= {now}
+    WHERE q.head_run_at <= {now} AND {not_held}
     AND NOT EXISTS (SELECT 1 FROM jobs AS r
                     WHERE r.household_id = q.household_id AND r.status = 'running')
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
@@ -99,7 +100,7 @@ busy AS (
     FROM (SELECT household_id, count(*) AS running FROM jobs
           WHERE status = 'running' GROUP BY household_id) AS b
     JOIN household_queues AS q ON q.household_id = b.household_id
-    WHERE q.head_run_at <= {now}
+    WHERE q.head_run_at <= {now} AND {not_held}
     AND EXISTS (SELECT 1 FROM jobs AS j WHERE j.household_id = q.household_id AND j.{due}
                 ORDER BY j.run_at, j.seq LIMIT 1 OFFSET 0)
 ),
@@ -151,6 +152,7 @@ class _Scope:
     kinds: list[str]
     caps: dict[str, int]
     limits: limits_sql.Limits | None
+    limited: list[str]
     unpartitioned: list[str]
 
 
@@ -164,6 +166,8 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         return []
     _plan_by_indexes(tx)
     scope = _locked_scope(tx, request, kinds)
+    if scope.limits is not None:
+        holds.sweep(tx, scope.limits, scope.limited, request.now)
     statement, unblocked, filter_params = _statement(scope, request.kind_limits)
     params = {
         "now": request.now,
@@ -233,7 +237,7 @@ def _locked_scope(tx: Transaction, request: ClaimRequest, kinds: list[str]) -> _
             "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CAP_LOCK_CLASS, kind)
         ).fetchall()
     limits = limits_sql.limits(limited, request.partitions, NOW) if limited else None
-    return _Scope(kinds, caps, limits, unpartitioned)
+    return _Scope(kinds, caps, limits, limited, unpartitioned)
 
 
 def _statement(scope: _Scope, kind_limits: Mapping[str, int]) -> tuple[str, str, dict[str, Any]]:
@@ -258,6 +262,7 @@ def _statement(scope: _Scope, kind_limits: Mapping[str, int]) -> tuple[str, str,
         due=f"{queued} AND {of_kinds} AND priority = (SELECT priority FROM tier)",
         ranked=_ranked(scope, most),
         now=NOW,
+        not_held=holds.NOT_HELD,
         turn=_TURN,
         next_version=NEXT_VERSION,
         returning=qualified("jobs"),
@@ -391,7 +396,9 @@ def has_due_job(
     partitions: Mapping[str, PartitionLimits] | None = None,
 ) -> bool:
     """Whether a due job of `kinds` is queued that a claim could take: not of
-    a paused kind, nor (with `partitions`) of a partition at a limit."""
+    a paused kind, nor (with `partitions`) of a partition at a limit, nor of
+    a household held by its partitions (`holds`; with limits, the households
+    not held are read past `claiming.DUE_READ_FIRST` due jobs held back)."""
     if not kinds:
         return False
     limited = flow.limited_kinds(kinds, partitions or {})
@@ -399,16 +406,32 @@ def has_due_job(
     if unpartitioned:
         limited = []
     limits = limits_sql.limits(limited, partitions or {}, "now()") if limited else None
-    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
-    row = conn.execute(
-        f"{head}SELECT EXISTS (SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= now() "
-        "AND kind = ANY(%(kinds)s::text[]) AND kind NOT IN (SELECT kind FROM paused_kinds)"
+    due = "status = 'queued' AND run_at <= now() AND kind = ANY(%(kinds)s::text[])"
+    claimable = (
+        "kind NOT IN (SELECT kind FROM paused_kinds)"
         f"{_UNPARTITIONED if unpartitioned else ''}"
-        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}) AS due",
-        {
-            "kinds": list(kinds),
-            "unpartitioned": unpartitioned,
-            **(limits.params if limits is not None else {}),
-        },
+        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}"
+    )
+    params = {
+        "kinds": list(kinds),
+        "unpartitioned": unpartitioned,
+        "first": claiming.DUE_READ_FIRST,
+        "now": None,
+        **(limits.params if limits is not None else {}),
+    }
+    if limits is None:
+        row = conn.execute(
+            f"SELECT EXISTS (SELECT 1 FROM jobs WHERE {due} AND {claimable}) AS due", params
+        ).fetchone()
+        return bool(row["due"])
+    head = f"WITH {limits.ctes.rstrip().rstrip(',')} "
+    row = conn.execute(
+        f"{head}SELECT EXISTS (SELECT 1 FROM (SELECT kind, partition_key FROM jobs "
+        f"WHERE {due} ORDER BY kind, run_at LIMIT %(first)s) AS first WHERE {claimable}) "
+        f"OR EXISTS (SELECT 1 FROM household_queues AS q WHERE q.head_run_at <= now() "
+        f"AND {holds.NOT_HELD} AND EXISTS (SELECT 1 FROM jobs "
+        f"WHERE household_id = q.household_id AND {due} AND {claimable} "
+        "ORDER BY run_at, seq OFFSET 0)) AS due",
+        params,
     ).fetchone()
     return bool(row["due"])

@@ -36,6 +36,7 @@ from typing import Any
 from mealquest.db import claiming
 from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
+from mealquest.db.sqlite import holds
 from mealquest.db.sqlite import partitions as limits_sql
 from mealquest.db.sqlite.job_rows import COLUMNS, NEXT_VERSION, moment_of, moment_text
 from mealquest.model.jobs import MIN_PRIORITY, ClaimRequest, Job, PartitionLimits
@@ -61,7 +62,7 @@ WITH {ctes}ranked(household_id, running, queued, place) AS (
             SELECT q.household_id, 0 AS running, q.served_at, q.served_jobs,
            q.head_run_at, q.head_seq, q.queued
             FROM household_queues AS q INDEXED BY household_queues_turn
-            WHERE +q.head_run_at <= :now
+            WHERE +q.head_run_at <= :now AND {not_held}
             AND NOT EXISTS (SELECT 1 FROM jobs AS r INDEXED BY jobs_running
                             WHERE r.household_id = q.household_id AND r.status = 'running')
             AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
@@ -74,7 +75,7 @@ WITH {ctes}ranked(household_id, running, queued, place) AS (
         FROM (SELECT household_id, count(*) AS running FROM jobs INDEXED BY jobs_running
               WHERE status = 'running' GROUP BY household_id) AS b
         JOIN household_queues AS q ON q.household_id = b.household_id
-        WHERE q.head_run_at <= :now
+        WHERE q.head_run_at <= :now AND {not_held}
         AND EXISTS (SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
                         WHERE j.household_id = q.household_id AND j.{due})
     )
@@ -121,6 +122,7 @@ class _Scope:
     kinds: list[str]
     unblocked: str
     limits: limits_sql.Limits | None
+    limited: list[str]
     params: dict[str, object]
 
 
@@ -134,6 +136,8 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         return []
     moment = moment_of(request.now)
     scope = _scope(tx, kinds, request.partitions, moment)
+    if scope.limits is not None:
+        holds.sweep(tx, scope.limits, scope.limited, moment)
     most, most_params = _most_of_kind(kinds, request.kind_limits, request.kind_caps)
     statement = _statement(scope, request.kind_caps, most)
     params = {
@@ -175,7 +179,7 @@ def _scope(
         tx, flow.limited_kinds(kinds, partitions), due
     )
     limits = limits_sql.limits(limited, partitions, moment) if limited else None
-    return _Scope(kinds, due, limits, {**names, **unpartitioned})
+    return _Scope(kinds, due, limits, limited, {**names, **unpartitioned})
 
 
 def _statement(scope: _Scope, kind_caps: Mapping[str, int], most: str) -> str:
@@ -195,6 +199,7 @@ def _statement(scope: _Scope, kind_caps: Mapping[str, int], most: str) -> str:
         due=f"{due} AND priority = (SELECT priority FROM tier)",
         ranked=_ranked(scope, most),
         turn=_TURN,
+        not_held=holds.NOT_HELD,
         next_version=NEXT_VERSION,
         columns=COLUMNS,
     )
@@ -327,7 +332,9 @@ def has_due_job(
     partitions: Mapping[str, PartitionLimits] | None = None,
 ) -> bool:
     """Whether a due job of `kinds` is queued that a claim could take: not of
-    a paused kind, nor (with `partitions`) of a partition at a limit."""
+    a paused kind, nor (with `partitions`) of a partition at a limit, nor of
+    a household held by its partitions (`holds`; with limits, the households
+    not held are read past `claiming.DUE_READ_FIRST` due jobs held back)."""
     if not kinds:
         return False
     moment = moment_of(None)
@@ -337,17 +344,36 @@ def has_due_job(
         conn, flow.limited_kinds(kinds, partitions or {}), ""
     )
     limits = limits_sql.limits(limited, partitions or {}, moment) if limited else None
-    head = f"WITH {limits.ctes.rstrip().rstrip(',')} " if limits is not None else ""
+    due = (
+        f"status = 'queued' AND run_at <= :now "
+        f"AND kind IN ({', '.join(f':{name}' for name in names)})"
+    )
+    claimable = (
+        f"kind NOT IN (SELECT kind FROM paused_kinds){unpartitioned}"
+        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''}"
+    )
+    params = {
+        "now": moment_text(moment),
+        "first": claiming.DUE_READ_FIRST,
+        **names,
+        **(limits.params if limits is not None else {}),
+        **unpartitioned_params,
+    }
+    if limits is None:
+        row = conn.execute(f"SELECT 1 FROM jobs WHERE {due} AND {claimable} LIMIT 1", params)
+        return row.fetchone() is not None
+    head = f"WITH {limits.ctes.rstrip().rstrip(',')} "
+    first = conn.execute(
+        f"{head}SELECT 1 FROM (SELECT kind, partition_key FROM jobs INDEXED BY jobs_due_by_kind "
+        f"WHERE {due} LIMIT :first) WHERE {claimable} LIMIT 1",
+        params,
+    ).fetchone()
+    if first is not None:
+        return True
     row = conn.execute(
-        f"{head}SELECT 1 FROM jobs WHERE status = 'queued' AND run_at <= :now "
-        f"AND kind IN ({', '.join(f':{name}' for name in names)}) "
-        f"AND kind NOT IN (SELECT kind FROM paused_kinds){unpartitioned}"
-        f"{limits_sql.BLOCKED_FILTER if limits is not None else ''} LIMIT 1",
-        {
-            "now": moment_text(moment),
-            **names,
-            **(limits.params if limits is not None else {}),
-            **unpartitioned_params,
-        },
+        f"{head}SELECT 1 FROM household_queues AS q WHERE q.head_run_at <= :now "
+        f"AND {holds.NOT_HELD} AND EXISTS (SELECT 1 FROM jobs INDEXED BY jobs_household_queued "
+        f"WHERE household_id = q.household_id AND {due} AND {claimable}) LIMIT 1",
+        params,
     ).fetchone()
     return row is not None

@@ -56,11 +56,12 @@ def pause_after_look(look_seconds: float, change_check_seconds: float) -> float:
     after a look that found no due job and cost it `look_seconds`.
 
     A look is an index probe, and then the pause is `change_check_seconds`.
-    But a look passes one by one over the due jobs that a partition at its
-    limit holds back (measured on SQLite: 44 µs with none, 2.3 ms with
-    5,000 of one host's imports waiting), and every enqueue's commit is a
-    change that asks for one: a worker beside a busy web tier then spent
-    most of a core looking. So a look that costs more waits long enough to
+    But a look may read more (the households not held, past the due jobs
+    that partitions at their limits hold back: before households were held,
+    each such job, 2.3 ms with 5,000 of one host's imports waiting on
+    SQLite), and every enqueue's commit is a change that asks for one: a
+    worker beside a busy web tier then spent most of a core looking. So a
+    look that costs more waits long enough to
     take at most `_LOOK_SHARE` of the time, up to `_LOOK_PAUSE_MAX_SECONDS`
     (what a job enqueued by another process may wait longer for, only while
     such a backlog is held; the poll and this process's own enqueues wake
