@@ -1,15 +1,18 @@
--- Households held by their partitions. A household whose every due job
--- waits on a partition at its limit (a recipe host at its two running
--- imports) has nothing any claim could take, yet a claim walking the
--- households in turn read each of its jobs to learn that, at every claim.
--- A sweep (at most once per `mealquest.db.claiming.HOLD_SECONDS`) marks
--- such households held until a moment (`held_until`), under the generation
--- of the holds it made them in (`held_generation`), and keeps the
--- partitions it found at a limit (`held_partitions`); claims pass over a
--- household held now without reading its jobs. A hold ends sooner when a
--- job joins the household's queue (`household_queue_join` clears it), or
--- when a job of one of those partitions stops running and so may free it
--- (`jobs_queue_changed` starts a new generation, which ends every hold).
+-- Households held: nothing of theirs any claim could take. A household
+-- whose every due job is of a paused kind, of a kind at its deployment-wide
+-- cap, or waits on a partition at its limit (a recipe host at its two
+-- running imports), or a suspended household, has nothing a claim could
+-- take, yet a claim walking the households in turn read each of its jobs
+-- to learn that, at every claim. A sweep (at most once per
+-- `mealquest.db.claiming.HOLD_SECONDS`) marks such households held until a
+-- moment (`held_until`), under the generation of the holds it made them in
+-- (`held_generation`), and keeps the kinds and the partitions it found full
+-- (`held_kinds`, `held_partitions`); claims pass over a household held now
+-- without reading its jobs. A hold ends sooner when a job joins the
+-- household's queue (`household_queue_join` clears it) or the household is
+-- lifted from suspension, or when a job of a kept kind or partition stops
+-- running (so may free it) or a kind is resumed (a new generation, which
+-- ends every hold).
 ALTER TABLE household_queues ADD COLUMN held_until timestamptz;
 ALTER TABLE household_queues ADD COLUMN held_generation bigint;
 
@@ -19,6 +22,8 @@ CREATE TABLE household_holds (
     swept_at timestamptz NOT NULL
 );
 INSERT INTO household_holds (id, generation, swept_at) VALUES (1, 0, '1970-01-01 00:00:00+00');
+
+CREATE TABLE held_kinds (kind text PRIMARY KEY);
 
 CREATE TABLE held_partitions (
     kind text NOT NULL,
@@ -54,8 +59,8 @@ BEGIN
         held_until = NULL;
 END $$;
 
--- 0018's function, and: a job of a partition the last sweep found at a
--- limit stopped running, so the partition may have room now.
+-- 0018's function, and: a job of a kind or a partition the last sweep
+-- found full stopped running, so it may have room now.
 CREATE OR REPLACE FUNCTION jobs_queue_changed() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     h record;
@@ -109,14 +114,15 @@ BEGIN
                     h.household_id, h.served, h.served_jobs, h.leaving);
             END IF;
         END LOOP;
-        -- One row, updated only when some stopped job's partition is held:
-        -- never a write (nor a lock) on the drain's path otherwise.
-        IF EXISTS (SELECT 1 FROM held_partitions)
+        -- One row, updated only when a stopped job's kind or partition is
+        -- kept: never a write (nor a lock) on the drain's path otherwise.
+        IF (EXISTS (SELECT 1 FROM held_kinds) OR EXISTS (SELECT 1 FROM held_partitions))
             AND EXISTS (
                 SELECT 1 FROM old_jobs AS o JOIN new_jobs AS n ON n.seq = o.seq
-                JOIN held_partitions AS p
-                    ON p.kind = o.kind AND p.partition_key = o.partition_key
                 WHERE o.status = 'running' AND n.status <> 'running'
+                AND (o.kind IN (SELECT kind FROM held_kinds)
+                     OR (o.kind, o.partition_key) IN (
+                         SELECT kind, partition_key FROM held_partitions))
             )
         THEN
             UPDATE household_holds SET generation = generation + 1 WHERE id = 1;
@@ -124,3 +130,24 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- A kind resumed: its jobs may be taken again.
+CREATE FUNCTION paused_kinds_resumed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE household_holds SET generation = generation + 1 WHERE id = 1;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER paused_kinds_resume_unholds AFTER DELETE ON paused_kinds
+    FOR EACH STATEMENT EXECUTE FUNCTION paused_kinds_resumed();
+
+-- A household lifted from suspension: its jobs may be taken again.
+CREATE FUNCTION households_lifted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE household_queues SET held_until = NULL WHERE household_id = NEW.id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER households_lift_unholds AFTER UPDATE OF suspended_at ON households
+    FOR EACH ROW WHEN (OLD.suspended_at IS NOT NULL AND NEW.suspended_at IS NULL)
+    EXECUTE FUNCTION households_lifted();

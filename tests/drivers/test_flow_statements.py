@@ -409,6 +409,60 @@ def test_a_held_households_job_that_falls_due_is_claimed_once_the_hold_is_over(s
     assert [job.id for job in claim_limited(store, RUNNING_TWO, now=over)] == [falling_due]
 
 
+def test_a_household_held_by_a_paused_kind_is_claimed_from_once_the_kind_is_resumed(
+    store, household
+):
+    held = other_household(store)
+    paused = enqueue_in(store, held, None, kind="resting")
+    mine = enqueue_in(store, household, None)
+    store.write(store.flow.pause_kind, "resting", operator_id=None)
+    kinds = ("succeed", "resting")
+
+    taken = claim_limited(store, {}, kinds=kinds, now=sweep_due(store))
+    assert [job.id for job in taken] == [mine]
+
+    store.write(store.flow.resume_kind, "resting")
+    assert [job.id for job in claim_limited(store, {}, kinds=kinds)] == [paused]
+
+
+def test_a_household_held_by_a_kind_at_its_cap_is_claimed_from_once_a_job_of_it_ends(
+    store, household
+):
+    def claim_capped(now=None) -> list[Job]:
+        return store.write(
+            store.jobs.claim,
+            ClaimRequest(
+                owner=f"w.{uuid.uuid4().hex[:6]}",
+                lease_seconds=LEASE,
+                limit=10,
+                kinds=("succeed",),
+                kind_caps={"succeed": 1},
+                now=now,
+            ),
+        )
+
+    enqueue_in(store, household, None)
+    [running] = claim_capped()
+    held = other_household(store)
+    waiting = enqueue_in(store, held, None)
+    assert claim_capped(now=sweep_due(store)) == []
+
+    store.write(store.jobs.transition, Transition(running.lease, to=Status.SUCCEEDED, result="{}"))
+    assert [job.id for job in claim_capped()] == [waiting]
+
+
+def test_a_suspended_household_is_held_and_claimed_from_once_its_suspension_is_lifted(
+    store, household
+):
+    held = other_household(store)
+    waiting = enqueue_in(store, held, None)
+    store.write(store.households.suspend_household, held)
+    assert claim_limited(store, {}, now=sweep_due(store)) == []
+
+    store.write(store.households.resume_household, held)
+    assert [job.id for job in claim_limited(store, {})] == [waiting]
+
+
 def test_a_job_of_a_kind_without_limits_keeps_its_partition_but_is_not_held(store, household):
     for _ in range(3):
         enqueue_in(store, household, "a.example")

@@ -164,10 +164,10 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     kinds = [kind for kind in request.kinds if request.kind_limits.get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
-    _plan_by_indexes(tx)
+    sweep_due = _plan_by_indexes(tx, request.now)
     scope = _locked_scope(tx, request, kinds)
-    if scope.limits is not None:
-        holds.sweep(tx, scope.limits, scope.limited, request.now)
+    if sweep_due:
+        holds.sweep(tx, request.now, request.kind_caps, scope.limits, scope.limited)
     statement, unblocked, filter_params = _statement(scope, request.kind_limits)
     params = {
         "now": request.now,
@@ -193,8 +193,10 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     return claimed
 
 
-def _plan_by_indexes(tx: Transaction) -> None:
-    """Plan the claim once per connection, walking the indexes in its order.
+def _plan_by_indexes(tx: Transaction, now: Any) -> bool:
+    """Plan the claim once per connection, walking the indexes in its order;
+    and say whether a sweep of held households is due (`holds`: asked here,
+    so that it costs the claim no round trip of its own).
 
     The server's default weighs a generic plan against plans made for each
     claim's values, and for this statement kept planning every time (about
@@ -212,12 +214,15 @@ def _plan_by_indexes(tx: Transaction) -> None:
     past JIT's threshold, and compiling it cost a second a claim: JIT is off
     (no claim runs long enough to gain from it). All for the rest of this
     transaction only."""
-    tx.execute(
+    row = tx.execute(
         "SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
         "set_config('enable_seqscan', 'off', true), "
         "set_config('enable_bitmapscan', 'off', true), "
-        "set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
-    ).fetchall()
+        "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), "
+        f"{holds.SWEEP_DUE} AS sweep_due",
+        {"now": now, "hold_seconds": claiming.HOLD_SECONDS},
+    ).fetchone()
+    return bool(row["sweep_due"])
 
 
 def _locked_scope(tx: Transaction, request: ClaimRequest, kinds: list[str]) -> _Scope:

@@ -136,8 +136,7 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
         return []
     moment = moment_of(request.now)
     scope = _scope(tx, kinds, request.partitions, moment)
-    if scope.limits is not None:
-        holds.sweep(tx, scope.limits, scope.limited, moment)
+    holds.sweep(tx, moment, request.kind_caps, scope.limits, scope.limited)
     most, most_params = _most_of_kind(kinds, request.kind_limits, request.kind_caps)
     statement = _statement(scope, request.kind_caps, most)
     params = {

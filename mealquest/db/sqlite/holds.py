@@ -1,23 +1,25 @@
-"""Households held by their partitions, on SQLite (migration 0023).
+"""Households held: nothing of theirs any claim could take (migration 0023), on SQLite.
 
-A household whose every due job waits on a partition at its limit has
-nothing a claim could take, and a claim walking the households in turn
-would read each of those jobs to learn it, at every claim. The sweep here,
-made by a claim at most once per `claiming.HOLD_SECONDS`, marks such
-households held until then; the claims and the look for a due job pass over
-a household held now (`NOT_HELD`) without reading its jobs. The hold ends
-sooner when a job joins the household's queue or a job with a partition
-stops running in a partition the sweep found at a limit (the migration's
+A household whose every due job is of a paused kind, of a kind at its
+deployment-wide cap, or waits on a partition at its limit, or a suspended
+household, has nothing a claim could take; a claim walking the households
+in turn would read each of those jobs to learn it, at every claim. The
+sweep here, made by a claim at most once per `claiming.HOLD_SECONDS`,
+marks such households held until then; the claims and the look for a due
+job pass over a household held now (`NOT_HELD`) without reading its jobs.
+The hold ends sooner when a job joins the household's queue, when a job of
+a kind or a partition the sweep found full stops running, when a kind is
+resumed or the household lifted from suspension (the migration's
 triggers).
 
-Only a partition's limit holds a household: a job of a paused kind, of a
-kind this process does not run, or of a suspended household is still read
-by each claim, as before (each of those is some claim's to take, or an
-operator's choice to hold).
+Not a hold: jobs of a kind this process does not run, or has no room for
+(its own cap): another process may take them, and this process's claims
+still read them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from mealquest.clock import from_text
@@ -33,24 +35,43 @@ NOT_HELD = (
 )
 
 _HOLD = """
-WITH {ctes}
-UPDATE household_queues SET held_until = :held_until, held_generation = (
+{ctes}UPDATE household_queues SET held_until = :held_until, held_generation = (
     SELECT generation FROM household_holds WHERE id = 1)
 WHERE household_id IN (
     SELECT q.household_id FROM household_queues AS q
-    WHERE q.head_run_at <= :now AND NOT EXISTS (
-        SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
-        WHERE j.household_id = q.household_id AND j.status = 'queued' AND j.run_at <= :now
-        AND NOT (j.partition_key IS NOT NULL AND j.kind IN ({kinds})
-                 AND (j.kind, j.partition_key) IN (SELECT kind, partition_key FROM blocked))
+    WHERE q.head_run_at <= :now AND (
+        q.household_id IN (SELECT id FROM households WHERE suspended_at IS NOT NULL)
+        OR NOT EXISTS (
+            SELECT 1 FROM jobs AS j INDEXED BY jobs_household_queued
+            WHERE j.household_id = q.household_id AND j.status = 'queued'
+            AND j.run_at <= :now AND j.kind NOT IN (SELECT kind FROM closed_kinds){open}
+        )
     )
 )"""
 
+# The kinds of which no job may start now: paused, or at their cap.
+_CLOSED_KINDS = (
+    "closed_kinds(kind) AS (SELECT kind FROM paused_kinds UNION ALL SELECT kind FROM held_kinds)"
+)
 
-def sweep(tx: Transaction, limits: limits_sql.Limits, limited: list[str], moment: datetime) -> None:
-    """Hold the households whose every due job waits on a partition of the
-    `limited` kinds at its limit (`limits`, at `moment`), unless a sweep
-    did within `claiming.HOLD_SECONDS`; the holds of the last sweep end."""
+# A due job's partition is not at a limit (its kind's limits are `limits_sql`'s).
+_OPEN_PARTITION = (
+    " AND NOT (j.partition_key IS NOT NULL AND j.kind IN ({kinds}) "
+    "AND (j.kind, j.partition_key) IN (SELECT kind, partition_key FROM blocked))"
+)
+
+
+def sweep(
+    tx: Transaction,
+    moment: datetime,
+    caps: Mapping[str, int],
+    limits: limits_sql.Limits | None,
+    limited: list[str],
+) -> None:
+    """Hold the households that have nothing a claim could take at `moment`
+    (see the module): `caps` are the deployment-wide caps of kinds, `limits`
+    the partitions' limits of the `limited` kinds. Unless a sweep did within
+    `claiming.HOLD_SECONDS`; the holds of the last sweep end."""
     row = tx.execute("SELECT swept_at FROM household_holds WHERE id = 1", ()).fetchone()
     if row is None or from_text(row["swept_at"]) > moment - timedelta(
         seconds=claiming.HOLD_SECONDS
@@ -62,18 +83,54 @@ def sweep(tx: Transaction, limits: limits_sql.Limits, limited: list[str], moment
         "UPDATE household_holds SET swept_at = :now, generation = generation + 1 WHERE id = 1",
         {"now": now},
     )
-    kinds = {f"hk{index}": kind for index, kind in enumerate(limited)}
-    ctes = limits.ctes.rstrip().rstrip(",")
+    full = _full_kinds(tx, caps)
+    tx.execute("DELETE FROM held_kinds", ())
+    for kind in full:
+        tx.execute("INSERT INTO held_kinds (kind) VALUES (?)", (kind,))
+    tx.execute("DELETE FROM held_partitions", ())
+    if limits is None and not full and not _any_paused_or_suspended(tx):
+        return
+    names = {f"hk{index}": kind for index, kind in enumerate(limited)}
+    ctes = [_CLOSED_KINDS]
+    if limits is not None:
+        ctes.append(limits.ctes.rstrip().rstrip(","))
     params = {
-        **limits.params,
-        **kinds,
+        **(limits.params if limits is not None else {}),
+        **names,
         "now": now,
         "held_until": moment_text(moment + timedelta(seconds=claiming.HOLD_SECONDS)),
     }
-    tx.execute(_HOLD.format(ctes=ctes, kinds=", ".join(f":{name}" for name in kinds)), params)
-    tx.execute("DELETE FROM held_partitions", ())
-    tx.execute(
-        f"WITH {ctes} INSERT OR IGNORE INTO held_partitions (kind, partition_key) "
-        "SELECT kind, partition_key FROM blocked",
-        params,
+    open_partition = (
+        _OPEN_PARTITION.format(kinds=", ".join(f":{name}" for name in names))
+        if limits is not None
+        else ""
     )
+    tx.execute(_HOLD.format(ctes=f"WITH {', '.join(ctes)} ", open=open_partition), params)
+    if limits is not None:
+        tx.execute(
+            f"WITH {limits.ctes.rstrip().rstrip(',')} INSERT OR IGNORE INTO held_partitions "
+            "(kind, partition_key) SELECT kind, partition_key FROM blocked",
+            params,
+        )
+
+
+def _full_kinds(tx: Transaction, caps: Mapping[str, int]) -> list[str]:
+    """The kinds with a deployment-wide cap whose running jobs reach it."""
+    if not caps:
+        return []
+    kinds = sorted(caps)
+    rows = tx.execute(
+        "SELECT kind, count(*) AS running FROM jobs WHERE status = 'running' "
+        f"AND kind IN ({', '.join('?' * len(kinds))}) GROUP BY kind",
+        kinds,
+    ).fetchall()
+    return [row["kind"] for row in rows if row["running"] >= caps[row["kind"]]]
+
+
+def _any_paused_or_suspended(tx: Transaction) -> bool:
+    row = tx.execute(
+        "SELECT EXISTS (SELECT 1 FROM paused_kinds) "
+        "OR EXISTS (SELECT 1 FROM households WHERE suspended_at IS NOT NULL) AS any",
+        (),
+    ).fetchone()
+    return bool(row["any"])
