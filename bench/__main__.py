@@ -898,7 +898,13 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
                 with databases.new() as (url, household):
                     seconds.append(
                         pg_throughput.drain_by_processes(
-                            url, household, workdir, count, n, workers, households
+                            url,
+                            household,
+                            workdir,
+                            count,
+                            sizes.pg_process_jobs,
+                            workers,
+                            households,
                         )
                     )
 
@@ -926,7 +932,8 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
     def by_processes(households: int) -> list[tuple[float, float]]:
         """(two processes, one) jobs/s of each round."""
         two, one = processes[2, households], processes[1, households]
-        return [(n / ours, n / theirs) for ours, theirs in zip(two, one, strict=True)]
+        m = sizes.pg_process_jobs
+        return [(m / ours, m / theirs) for ours, theirs in zip(two, one, strict=True)]
 
     def cpu_us(name: str, key: str) -> float | None:
         """The median over a system's rounds of its drain's CPU a job (`key`: its
@@ -1044,9 +1051,9 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         ),
         figure(
             "pg_two_processes",
-            n / median(processes[2, PG_HOUSEHOLDS]),
+            sizes.pg_process_jobs / median(processes[2, PG_HOUSEHOLDS]),
             "jobs/s",
-            n / median(processes[1, PG_HOUSEHOLDS]),
+            sizes.pg_process_jobs / median(processes[1, PG_HOUSEHOLDS]),
             "jobs/s",
             f"one worker process, same server ({PG_HOUSEHOLDS} households posting)",
             "≥ 1.6x",
@@ -1054,9 +1061,9 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         ),
         figure(
             "pg_two_processes_one_household",
-            n / median(processes[2, 1]),
+            sizes.pg_process_jobs / median(processes[2, 1]),
             "jobs/s",
-            n / median(processes[1, 1]),
+            sizes.pg_process_jobs / median(processes[1, 1]),
             "jobs/s",
             "one worker process, same server (one household posting)",
             "report",

@@ -51,6 +51,9 @@ class Sizes:
     lock_seconds: float
     pg_jobs: int  # jobs per PostgreSQL throughput run
     pg_backlog_jobs: int  # jobs of the PostgreSQL drain whose cost must not grow with them
+    # Jobs the PostgreSQL drains by one and by two processes share: enough that
+    # each process drains for seconds, not for the time its first wake takes.
+    pg_process_jobs: int
     fair_jobs: int  # queued jobs, between 1,000 households or held by one, for the fair claim
     fair_a_jobs: int  # household A's jobs ahead of B's one in the B-behind-A delay
     wal_jobs: int  # single-job enqueues whose WAL frames are counted
@@ -72,6 +75,7 @@ FULL = Sizes(
     lock_seconds=2.0,
     pg_jobs=2_000,
     pg_backlog_jobs=16_000,
+    pg_process_jobs=8_000,
     fair_jobs=20_000,
     fair_a_jobs=100,
     wal_jobs=1_000,
@@ -93,6 +97,7 @@ QUICK = Sizes(
     lock_seconds=0.3,
     pg_jobs=100,
     pg_backlog_jobs=800,
+    pg_process_jobs=100,
     fair_jobs=2_000,
     fair_a_jobs=15,
     wal_jobs=50,
