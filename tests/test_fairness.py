@@ -778,13 +778,17 @@ def test_a_claim_under_partition_limits_reads_no_table_whole_with_1000_partition
     assert steps(limited) <= 2 * steps({})
 
 
-@pytest.mark.parametrize("closed", ["a partition at its limit", "a paused kind"])
+@pytest.mark.parametrize(
+    "closed",
+    ["a partition at its limit", "a paused kind", "a kind at its cap", "a suspended household"],
+)
 def test_a_claim_passes_over_households_that_have_nothing_it_could_take(
     make_app, household, closed
 ):
     # Every household here imports from one host, at its limit of two
-    # running imports (or has only jobs of a kind an operator paused): none
-    # of their jobs can start. A claim read each of those jobs to learn
+    # running imports (or has only jobs of a kind an operator paused, or of
+    # a kind at its deployment-wide cap, or is suspended): none of their
+    # jobs can start. A claim read each of those jobs to learn
     # that, at every claim (20,000 in 1,000 households: 11 ms a claim
     # instead of 0.7). Once a sweep has held those households, a claim reads
     # about what it reads without them.
@@ -800,6 +804,7 @@ def test_a_claim_passes_over_households_that_have_nothing_it_could_take(
             limit=limit,
             kinds=("succeed", "range"),
             partitions=limited,
+            kind_caps={"range": 1},
             now=now,
         )
         return store.jobs.claim(tx, request)
@@ -830,17 +835,33 @@ def test_a_claim_passes_over_households_that_have_nothing_it_could_take(
     few = work()
 
     # 200 households that never had a turn, each with 20 imports of the host
-    # (or 20 jobs of the paused kind).
+    # (or 20 jobs of the paused kind, or of the kind at its cap, or 20 jobs
+    # of a suspended household).
     held = [create_household(store, f"Importers {n}").household_id for n in range(200)]
     jobs.enqueue_many([JobRequest("succeed", {"value": 1}, h) for h in held for _ in range(20)])
-    closing = "partition_key = 'host'" if closed.startswith("a partition") else "kind = 'range'"
-    sql.execute(
-        store,
-        f"UPDATE jobs SET {closing} WHERE status = 'queued' AND household_id <> ?",
-        (mine,),
-    )
+    closing = {
+        "a partition at its limit": "partition_key = 'host'",
+        "a paused kind": "kind = 'range'",
+        "a kind at its cap": "kind = 'range'",
+    }.get(closed)
+    if closing is not None:
+        sql.execute(
+            store,
+            f"UPDATE jobs SET {closing} WHERE status = 'queued' AND household_id <> ?",
+            (mine,),
+        )
     if closed == "a paused kind":
         store.write(store.flow.pause_kind, "range", operator_id=None)
+    if closed == "a kind at its cap":
+        # One of the kind runs: its cap of one is reached.
+        sql.execute(
+            store,
+            "UPDATE jobs SET kind = 'range' WHERE seq = "
+            "(SELECT min(seq) FROM jobs WHERE status = 'running')",
+        )
+    if closed == "a suspended household":
+        for held_household in held:
+            store.write(store.households.suspend_household, held_household)
     if store.name == "postgresql":
         sql.execute(store, "ANALYZE")
     # The first claim once a sweep is due again finds them and holds them;

@@ -120,7 +120,8 @@ def _full_kinds(tx: Transaction, caps: Mapping[str, int]) -> list[str]:
         return []
     kinds = sorted(caps)
     rows = tx.execute(
-        "SELECT kind, count(*) AS running FROM jobs WHERE status = 'running' "
+        "SELECT kind, count(*) AS running FROM jobs INDEXED BY jobs_running "
+        "WHERE status = 'running' "
         f"AND kind IN ({', '.join('?' * len(kinds))}) GROUP BY kind",
         kinds,
     ).fetchall()
