@@ -336,8 +336,8 @@ def has_due_job(
 ) -> bool:
     """Whether a due job of `kinds` is queued that a claim could take: not of
     a paused kind, nor (with `partitions`) of a partition at a limit, nor of
-    a household held by its partitions (`holds`; with limits, the households
-    not held are read past `claiming.DUE_READ_FIRST` due jobs held back)."""
+    a household held (`holds`); with limits, the households not held are
+    read past `claiming.DUE_READ_FIRST` due jobs held back."""
     if not kinds:
         return False
     moment = moment_of(None)
