@@ -44,10 +44,13 @@ def local_child(args: dict) -> dict:
     from bench.app import counter
     from mealquest.extensions import get_store
     from mealquest.jobs.service import get_jobs
+    from mealquest.serving import collector
 
     app = _app(args)
     jobs = get_jobs(app)
     pool = jobs.start_pool()
+    # As the service's worker processes are set once started.
+    collector.settle()
     gevent.sleep(0.05)
     delays: list[float] = []
     for _ in range(args["samples"]):

@@ -114,9 +114,12 @@ def runner_child(args: dict) -> dict:
     from bench.app import counter, create_bench_app
     from mealquest.extensions import get_store
     from mealquest.jobs.service import get_jobs
+    from mealquest.serving import collector
 
     app = create_bench_app({"DATABASE_URL": args["url"], "JOB_WORKERS": args["workers"]})
     jobs, store = get_jobs(app), get_store(app)
+    # As the service's worker processes are set once started.
+    collector.settle()
     household, n = args["household"], args["jobs"]
     counter.expect(n)
     cpu = pg.DrainCpu(args["url"])

@@ -174,6 +174,7 @@ def runner_child(args: dict) -> dict:
     from bench.app import counter, create_bench_app
     from mealquest.extensions import get_store
     from mealquest.jobs.service import get_jobs
+    from mealquest.serving import collector
 
     traced = bool(args.get("traced"))
     if traced:
@@ -187,6 +188,8 @@ def runner_child(args: dict) -> dict:
         }
     )
     jobs, store = get_jobs(app), get_store(app)
+    # As the service's worker processes are set once started.
+    collector.settle()
     household, n = args["household"], args["jobs"]
     counter.expect(n)
     started, enqueue_cpu = time.perf_counter(), time.process_time()

@@ -22,6 +22,7 @@ from mealquest.db import migrations
 from mealquest.db.errors import StoreError
 from mealquest.jobs.service import JobService, get_jobs
 from mealquest.metrics.standalone import serve_configured as serve_metrics
+from mealquest.serving import collector
 from mealquest.serving.blocked_exit import BlockedLoopExit
 
 
@@ -98,6 +99,8 @@ def _work(service: JobService) -> None:
         pool = service.start_pool(on_fatal=on_fatal)
     except (migrations.MigrationError, StoreError) as error:
         raise click.ClickException(str(error)) from None
+    # As a gunicorn worker does once its pool has started.
+    collector.settle()
     # GET /metrics on MEALQUEST_METRICS_PORT, or not served at all when unset.
     metrics_server = serve_metrics(current_app)
     patched = "monkey-patched" if monkey.is_module_patched("socket") else "not monkey-patched"

@@ -31,7 +31,6 @@ loop no longer tells the master it is alive.
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 import time
@@ -49,7 +48,7 @@ from mealquest.extensions import get_store
 from mealquest.jobs.runner.pool import Pool, StopReport
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.service.live import get_live
-from mealquest.serving import flask_app
+from mealquest.serving import collector, flask_app
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ def start_worker(worker: Any) -> None:
             # watchdog looks at the store here, so this worker watches it.
             logger.info("job pool not started in this web worker (JOB_POOL_IN_WEB is off)")
             gevent.spawn(_watch_store, worker, get_store(app))
-            gc.freeze()  # as below
+            collector.settle()  # as below
             return
         pool = get_jobs(app).start_pool(on_fatal=_stop_serving(worker))
     except (migrations.MigrationError, BlockingPsycopg) as error:
@@ -115,7 +114,7 @@ def start_worker(worker: Any) -> None:
     # as the worker: out of the collector's way, a full collection no longer
     # walks it. Measured (trivial route, 32 connections): 3,500 -> 5,400
     # requests/s a server, p99 about halved.
-    gc.freeze()
+    collector.settle()
 
 
 def _end_streams_at_stop(worker: Any, app: Any) -> None:
