@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 _FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_UTC_TEXT = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ"
 
 
 def utc_now() -> datetime:
@@ -19,6 +20,19 @@ def utc_now() -> datetime:
 def to_text(moment: datetime) -> str:
     # Not `strftime`: it writes a year before 1000 with fewer than four
     # digits ("5-01-01..."), which then sorts after every later year.
+    if moment.tzinfo is UTC:
+        # Every time of a PostgreSQL row (its sessions are in UTC) and of
+        # `utc_now`: five a claimed job. Formatted at once, about half the
+        # time of the conversion below.
+        return _UTC_TEXT % (
+            moment.year,
+            moment.month,
+            moment.day,
+            moment.hour,
+            moment.minute,
+            moment.second,
+            moment.microsecond,
+        )
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 

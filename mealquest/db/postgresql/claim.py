@@ -70,6 +70,13 @@ _NOT_SUSPENDED = "household_id NOT IN (SELECT id FROM households WHERE suspended
 # made at once (by several processes or hosts) each find households of their
 # own instead of all choosing the same best ones and all but one taking nothing.
 _HOUSEHOLDS_RANKED_PER_PLACE = 4
+# A queued job of `kinds` with a partition: one probe of a small partial
+# index, ordered by its key so that the planner walks the index rather than
+# the table, whatever its statistics say.
+_QUEUED_PARTITIONED = (
+    "SELECT 1 FROM jobs WHERE status = 'queued' AND partition_key IS NOT NULL "
+    "AND kind = ANY(%(kinds)s::text[]) ORDER BY kind LIMIT 1"
+)
 # Leaves out the queued jobs with a partition of the kinds a claim found none of.
 _UNPARTITIONED = " AND (partition_key IS NULL OR kind <> ALL(%(unpartitioned)s::text[]))"
 
@@ -164,8 +171,9 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     kinds = [kind for kind in request.kinds if request.kind_limits.get(kind, limit) > 0]
     if not kinds or limit <= 0:
         return []
-    sweep_due = _plan_by_indexes(tx, request.now)
-    scope = _locked_scope(tx, request, kinds)
+    limited = flow.limited_kinds(kinds, request.partitions)
+    sweep_due, partitioned = _plan_by_indexes(tx, request.now, limited)
+    scope = _locked_scope(tx, request, kinds, limited, partitioned)
     if sweep_due:
         holds.sweep(tx, request.now, request.kind_caps, scope.limits, scope.limited)
     statement, unblocked, filter_params = _statement(scope, request.kind_limits)
@@ -193,10 +201,11 @@ def _claim_one_priority(tx: Transaction, request: ClaimRequest) -> list[Job]:
     return claimed
 
 
-def _plan_by_indexes(tx: Transaction, now: Any) -> bool:
+def _plan_by_indexes(tx: Transaction, now: Any, limited: list[str]) -> tuple[bool, bool]:
     """Plan the claim once per connection, walking the indexes in its order;
-    and say whether a sweep of held households is due (`holds`: asked here,
-    so that it costs the claim no round trip of its own).
+    and say whether a sweep of held households is due (`holds`), and whether
+    a queued job of the `limited` kinds has a partition (`_QUEUED_PARTITIONED`):
+    asked here, so that neither costs the claim a round trip of its own.
 
     The server's default weighs a generic plan against plans made for each
     claim's values, and for this statement kept planning every time (about
@@ -219,21 +228,28 @@ def _plan_by_indexes(tx: Transaction, now: Any) -> bool:
         "set_config('enable_seqscan', 'off', true), "
         "set_config('enable_bitmapscan', 'off', true), "
         "set_config('enable_sort', 'off', true), set_config('jit', 'off', true), "
-        f"{holds.SWEEP_DUE} AS sweep_due",
-        {"now": now, "hold_seconds": claiming.HOLD_SECONDS},
+        f"{holds.SWEEP_DUE} AS sweep_due, EXISTS ({_QUEUED_PARTITIONED}) AS partitioned",
+        {"now": now, "hold_seconds": claiming.HOLD_SECONDS, "kinds": limited},
     ).fetchone()
-    return bool(row["sweep_due"])
+    return bool(row["sweep_due"]), bool(row["partitioned"])
 
 
-def _locked_scope(tx: Transaction, request: ClaimRequest, kinds: list[str]) -> _Scope:
+def _locked_scope(
+    tx: Transaction,
+    request: ClaimRequest,
+    kinds: list[str],
+    limited: list[str],
+    partitioned: bool,
+) -> _Scope:
     """The claim's scope, with an advisory lock taken for each kind whose
-    running jobs it must count (a cap, or partitions' limits)."""
+    running jobs it must count (a cap, or partitions' limits). `limited`:
+    the kinds with partitions' limits; `partitioned`: whether a queued job of
+    theirs has a partition."""
     caps = {kind: cap for kind, cap in request.kind_caps.items() if kind in kinds}
-    limited = flow.limited_kinds(kinds, request.partitions)
     # No queued job of a limited kind has a partition: the claim needs neither
     # the limits' statements nor their locks, and leaves out such a job
     # committed meanwhile (the next claim weighs it).
-    unpartitioned = limited if limited and not _any_queued_partitioned(tx, limited) else []
+    unpartitioned = limited if limited and not partitioned else []
     if unpartitioned:
         limited = []
     # One order for every claim's locks, the kinds' caps and partitions alike.
@@ -383,15 +399,9 @@ def _tier_by_tier(
 
 
 def _any_queued_partitioned(conn: Reads, kinds: list[str]) -> bool:
-    """Whether a queued job of `kinds` has a partition (one probe of a small
-    partial index: ordered by its key, so that the planner walks the index
-    rather than the table, whatever its statistics say)."""
-    row = conn.execute(
-        "SELECT 1 FROM jobs WHERE status = 'queued' AND partition_key IS NOT NULL "
-        "AND kind = ANY(%(kinds)s::text[]) ORDER BY kind LIMIT 1",
-        {"kinds": kinds},
-    ).fetchone()
-    return row is not None
+    """Whether a queued job of `kinds` has a partition."""
+    row = conn.execute(f"SELECT EXISTS ({_QUEUED_PARTITIONED}) AS partitioned", {"kinds": kinds})
+    return bool(row.fetchone()["partitioned"])
 
 
 def has_due_job(
