@@ -18,6 +18,7 @@ statement whatever their number, and one prepared plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -379,10 +380,9 @@ _TRANSITION_MANY = (
     f"snoozes = CASE WHEN change.snoozed AND NOT ({_CHANGE_CANCELLING}) "
     "THEN jobs.snoozes + 1 ELSE jobs.snoozes END, "
     f"{_CLEAR_LEASE} "
-    "FROM unnest(%(ids)s::text[], %(owners)s::text[], %(attempts)s::integer[], "
-    "%(statuses)s::text[], %(refunds)s::boolean[], %(results)s::text[], %(errors)s::text[], "
-    "%(delays)s::double precision[], %(snoozed)s::boolean[]) "
-    "AS change(id, owner, attempt, status, refund, result, error, delay, snoozed) "
+    "FROM jsonb_to_recordset(%(changes)s::jsonb) AS change(id text, owner text, "
+    "attempt integer, status text, refund boolean, result text, error text, "
+    "delay double precision, snoozed boolean) "
     "WHERE jobs.id = change.id AND jobs.status = 'running' AND jobs.lease_owner = change.owner "
     "AND jobs.attempt = change.attempt RETURNING jobs.id"
 )
@@ -390,21 +390,24 @@ _TRANSITION_MANY = (
 
 def _transition_together(tx: Transaction, transitions: list[Transition]) -> set[str]:
     """The ids of the jobs the transitions (each naming another job) moved."""
-    rows = tx.execute(
-        _TRANSITION_MANY,
+    # The batch as one JSON document, not nine arrays: psycopg dumps a list
+    # element by element in Python, and the arrays cost the completer about
+    # twice the client time of the document (the server's is the same).
+    changes = [
         {
-            **_lease_arrays(change.lease for change in transitions),
-            "statuses": [str(change.to) for change in transitions],
-            "refunds": [change.attempt is Attempt.REFUND for change in transitions],
-            "results": [change.result for change in transitions],
-            "errors": [change.error for change in transitions],
-            "delays": [
-                None if change.delay_seconds is None else float(change.delay_seconds)
-                for change in transitions
-            ],
-            "snoozed": [change.snoozed for change in transitions],
-        },
-    ).fetchall()
+            "id": change.lease.job_id,
+            "owner": change.lease.owner,
+            "attempt": change.lease.attempt,
+            "status": str(change.to),
+            "refund": change.attempt is Attempt.REFUND,
+            "result": change.result,
+            "error": change.error,
+            "delay": None if change.delay_seconds is None else float(change.delay_seconds),
+            "snoozed": change.snoozed,
+        }
+        for change in transitions
+    ]
+    rows = tx.execute(_TRANSITION_MANY, {"changes": json.dumps(changes)}).fetchall()
     moved = {row["id"] for row in rows}
     postgres_transaction(tx).notify_changed(moved)
     return moved
