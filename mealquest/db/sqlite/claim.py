@@ -38,13 +38,15 @@ from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.sqlite import holds
 from mealquest.db.sqlite import partitions as limits_sql
-from mealquest.db.sqlite.job_rows import COLUMNS, NEXT_VERSION, moment_of, moment_text
+from mealquest.db.sqlite.job_rows import (
+    COLUMNS,
+    NEXT_VERSION,
+    RUNNING_JOBS,
+    moment_of,
+    moment_text,
+)
 from mealquest.model.jobs import MIN_PRIORITY, ClaimRequest, Job, PartitionLimits
 
-# A kind's running jobs, counted from the partial index of running jobs:
-# through the kind's index SQLite read every queued job of the kind as well
-# (4,000 of a kind at its cap, at every claim).
-_RUNNING = "jobs INDEXED BY jobs_running"
 # The order households take turns in (columns of `household_queues` and the running count).
 _TURN = "running, served_at, served_jobs, head_run_at, head_seq"
 # Suspended households' jobs wait: a test on each job the claim considers,
@@ -212,7 +214,7 @@ def _full_kinds(kinds: list[str], kind_caps: Mapping[str, int]) -> str:
     """Kinds at their deployment cap, as a CTE: left out before households and
     jobs are chosen, so they cannot hide a household's other jobs."""
     full = [
-        f"SELECT :k{index} WHERE (SELECT count(*) FROM {_RUNNING} WHERE status = 'running' "
+        f"SELECT :k{index} WHERE (SELECT count(*) FROM {RUNNING_JOBS} WHERE status = 'running' "
         f"AND kind = :k{index}) >= :cap{index}"
         for index, kind in enumerate(kinds)
         if kind in kind_caps
@@ -271,7 +273,7 @@ def _most_of_kind(
             params[f"most{index}"] = int(limits[kind])
         if kind in caps:
             bounds.append(
-                f"(:cap{index} - (SELECT count(*) FROM {_RUNNING} "
+                f"(:cap{index} - (SELECT count(*) FROM {RUNNING_JOBS} "
                 f"WHERE status = 'running' AND kind = :k{index}))"
             )
             params[f"cap{index}"] = int(caps[kind])

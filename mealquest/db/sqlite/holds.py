@@ -26,7 +26,7 @@ from mealquest.clock import from_text
 from mealquest.db import claiming
 from mealquest.db.driver import Transaction
 from mealquest.db.sqlite import partitions as limits_sql
-from mealquest.db.sqlite.job_rows import moment_text
+from mealquest.db.sqlite.job_rows import RUNNING_JOBS, moment_text
 
 # The test on `household_queues AS q` that it is not held now (`:now`).
 NOT_HELD = (
@@ -120,8 +120,7 @@ def _full_kinds(tx: Transaction, caps: Mapping[str, int]) -> list[str]:
         return []
     kinds = sorted(caps)
     rows = tx.execute(
-        "SELECT kind, count(*) AS running FROM jobs INDEXED BY jobs_running "
-        "WHERE status = 'running' "
+        f"SELECT kind, count(*) AS running FROM {RUNNING_JOBS} WHERE status = 'running' "
         f"AND kind IN ({', '.join('?' * len(kinds))}) GROUP BY kind",
         kinds,
     ).fetchall()

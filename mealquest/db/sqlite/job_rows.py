@@ -17,6 +17,10 @@ COLUMNS = (
 # version itself (the migration's trigger catches any other write, at the
 # cost of a second write of the row).
 NEXT_VERSION = "version = jobs.version + 1"
+# The running jobs, read from their partial index: through a kind's index
+# SQLite read every queued job of the kind as well (4,000 of a kind at its
+# cap, at every claim).
+RUNNING_JOBS = "jobs INDEXED BY jobs_running"
 
 
 def moment_of(now: datetime | None) -> datetime:
