@@ -22,6 +22,21 @@ from mealquest.config.table import DEFAULTS
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _run_module(*argv: str, timeout: float = 240) -> str:
+    """`python -m` the bench or one of its own measurements; its standard output."""
+    completed = subprocess.run(
+        [sys.executable, "-m", *argv],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    return completed.stdout
+
+
 def test_the_bench_sizes_the_pool_as_the_service_does():
     # A figure of another pool size would measure a pool no one runs.
     assert FULL.workers == QUICK.workers == DEFAULTS["JOB_WORKERS"]
@@ -32,16 +47,7 @@ def test_the_bench_sizes_the_pool_as_the_service_does():
 @pytest.mark.timeout(600)
 def test_the_quick_benchmark_produces_every_figure(tmp_path):
     results_path = tmp_path / "bench.json"
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--json", str(results_path)],
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=540,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-6000:]
+    output = _run_module("bench", "--quick", "--json", str(results_path), timeout=540)
     results = json.loads(results_path.read_text())
     # Written after each section too; this one is the whole run's.
     assert results["complete"] is True
@@ -56,7 +62,7 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
         assert row["met"] in (True, False, None), row
     # The printed table carries every figure too.
     for name in FIGURES:
-        assert f"| {name} |" in completed.stdout
+        assert f"| {name} |" in output
     # Beside a PostgreSQL drain ratio, both sides' CPU a job (the test's
     # server runs on this machine, where `/proc` shows its processes).
     by_name = {row["figure"]: row for row in results["figures"]}
@@ -78,27 +84,10 @@ def test_the_quick_benchmark_produces_every_figure(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_gil_measurement_runs_and_prints_a_row_per_switch_interval():
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.gil",
-            "--seconds",
-            "0.2",
-            "--jobs",
-            "20000",
-            "--intervals",
-            "0.005,0.0005",
-        ],
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+    output = _run_module(
+        "bench.gil", "--seconds", "0.2", "--jobs", "20000", "--intervals", "0.005,0.0005"
     )
-    assert completed.returncode == 0, completed.stderr[-6000:]
-    rows = [line for line in completed.stdout.splitlines() if line.startswith("| ")]
+    rows = [line for line in output.splitlines() if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows[1:]] == ["| 5 ms", "| 0.5 ms"]
     for row in rows[1:]:
         cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
@@ -110,20 +99,24 @@ def test_the_gil_measurement_runs_and_prints_a_row_per_switch_interval():
 
 @pytest.mark.timeout(300)
 def test_the_parsing_measurement_runs_and_prints_a_row_per_page_and_way():
-    completed = subprocess.run(
-        [sys.executable, "-m", "bench.parsing", "--rounds", "1", "--size", "20000"],
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-6000:]
-    rows = [line for line in completed.stdout.splitlines() if line.startswith("| ")][1:]
+    output = _run_module("bench.parsing", "--rounds", "1", "--size", "20000")
+    rows = [line for line in output.splitlines() if line.startswith("| ")][1:]
     ways = [[cell.strip() for cell in row.strip("| ").split(" | ")][1] for row in rows]
     assert ways == ["in_process", "warm", "cold"] * 2
     for row in rows:
         cells = [cell.strip() for cell in row.strip("| ").split(" | ")]
         assert float(cells[2].removesuffix(" ms")) > 0
         assert float(cells[4].removesuffix("x")) > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_queue_table_probe_runs_and_prints_a_row_per_layout():
+    output = _run_module("bench.queue_table", "--jobs", "100", "--rounds", "1")
+    rows = [line for line in output.splitlines() if line.startswith("| ")][1:]
+    cells = [[cell.strip() for cell in row.strip("| ").split(" | ")] for row in rows]
+    assert [row[0] for row in cells] == ["today", "queue", "queue_and_row"]
+    for row in cells:
+        # Each figure: "median (lowest to highest)", a number of bytes or µs.
+        medians = [float(cell.split(" (")[0].replace(",", "")) for cell in row[1:]]
+        assert len(medians) == 6
+        assert all(value > 0 for value in medians), row
