@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from mealquest.clock import to_text
 from mealquest.db.errors import StoreUnavailable, WriteOutcomeUnknown
 from mealquest.db.postgresql import households, jobs
+from mealquest.db.postgresql.job_rows import from_server_text
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.db.postgresql.transaction import PostgresTransaction
 from mealquest.model.jobs import ClaimRequest, Job, NewJob, OnInterrupt
@@ -136,6 +137,54 @@ def test_a_time_at_the_calendars_edge_reads_back_whatever_the_clients_time_zone(
         assert zoned.read(jobs.get_job, job_id).run_at == to_text(due)
     finally:
         zoned.close()
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Asia/Tokyo"])
+def test_a_claims_jobs_hold_the_times_a_read_of_them_finds_whatever_the_clients_style(
+    make_store, household, monkeypatch, zone
+):
+    # A claim reads its rows' times as the server's text: whatever zone and
+    # date style the client's environment asks for, the store's sessions
+    # write them in UTC and the ISO style, and each reads as `to_text` has it.
+    monkeypatch.setenv("PGTZ", zone)
+    monkeypatch.setenv("PGDATESTYLE", "SQL, DMY")
+    styled = make_store(pool_size=1)
+    fractions = [0, 10, 120_000, 500_000, 123_456, 999_999]
+    dues = [datetime(2001, 2, 3, 4, 5, 6, micro, tzinfo=UTC) for micro in fractions]
+    dues.append(datetime(1, 1, 1, 1, tzinfo=UTC))
+    try:
+        for due in dues:
+            styled.write(
+                jobs.insert_job,
+                NewJob(
+                    job_id=uuid.uuid4().hex,
+                    household_id=household,
+                    kind="succeed",
+                    payload="{}",
+                    max_attempts=1,
+                    on_interrupt=OnInterrupt.FAIL,
+                    run_at=due,
+                ),
+            )
+        claimed = styled.write(
+            jobs.claim,
+            ClaimRequest(owner="w", lease_seconds=LEASE, limit=len(dues), kinds=["succeed"]),
+        )
+        assert sorted(job.run_at for job in claimed) == sorted(to_text(due) for due in dues)
+        for job in claimed:
+            assert job.started_at is not None
+            assert job.lease_expires_at is not None
+            assert job == styled.read(jobs.get_job, job.id)
+    finally:
+        styled.close()
+
+
+def test_a_time_in_another_style_or_zone_is_refused_not_misread():
+    assert from_server_text("2026-12-07 02:51:00+00") == "2026-12-07T02:51:00.000000Z"
+    assert from_server_text("0001-01-01 00:00:00.00001+00") == "0001-01-01T00:00:00.000010Z"
+    for other in ("07/12/2026 02:51:00.5 UTC", "2026-12-07 03:51:00.5+01", "2026-12-07"):
+        with pytest.raises(ValueError, match="ISO style and UTC"):
+            from_server_text(other)
 
 
 def test_claim_reads_the_database_clock_for_its_times(store, household):

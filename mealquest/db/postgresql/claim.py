@@ -52,7 +52,7 @@ from mealquest.db import partitions as flow
 from mealquest.db.driver import Reads, Transaction
 from mealquest.db.postgresql import holds
 from mealquest.db.postgresql import partitions as limits_sql
-from mealquest.db.postgresql.job_rows import NEXT_VERSION, NOW, qualified, to_job
+from mealquest.db.postgresql.job_rows import NEXT_VERSION, NOW, as_text, to_job
 from mealquest.db.postgresql.transaction import postgres_transaction
 from mealquest.model.jobs import MIN_PRIORITY, ClaimRequest, Job, PartitionLimits
 
@@ -286,7 +286,7 @@ def _statement(scope: _Scope, kind_limits: Mapping[str, int]) -> tuple[str, str,
         not_held=holds.NOT_HELD,
         turn=_TURN,
         next_version=NEXT_VERSION,
-        returning=qualified("jobs"),
+        returning=as_text("jobs"),
     )
     return statement, unblocked, most_params
 

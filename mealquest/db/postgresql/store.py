@@ -188,7 +188,8 @@ class PostgresStore:
         self._begin = (
             "BEGIN"
             if pooler == "none"
-            else f"BEGIN; SET LOCAL statement_timeout = '{busy_ms}ms'; SET LOCAL TimeZone = 'UTC'"
+            else f"BEGIN; SET LOCAL statement_timeout = '{busy_ms}ms'; SET LOCAL TimeZone = 'UTC'; "
+            "SET LOCAL DateStyle = 'ISO'"
         )
         self.notifier = Notifier(self.write)
         quiet_driver_logs()
@@ -318,6 +319,8 @@ class PostgresStore:
         # Set once per connection (not as a startup option, which PgBouncer refuses).
         # UTC: in another zone, a time at the calendar's edge (a job due in
         # year 1) reads as a year no datetime holds, and every read of it fails.
+        # The ISO style: a claim reads its rows' times as the server's text
+        # (`job_rows.as_text`), which the other styles write otherwise.
         # Through a transaction pooler they are made per transaction instead
         # (`_begin`): the next transaction may run on another server connection.
         if self.pooler == "transaction":
@@ -325,7 +328,7 @@ class PostgresStore:
         busy_ms = max(1, int(self.busy_timeout_seconds * 1000))
         conn.execute(
             "SELECT set_config('statement_timeout', %s, false), "
-            "set_config('TimeZone', 'UTC', false)",
+            "set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO', false)",
             (f"{busy_ms}ms",),
         )
 

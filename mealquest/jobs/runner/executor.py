@@ -296,6 +296,8 @@ class Executor:
         again before its heartbeat noticed: the earlier handler is stopped and
         this attempt waits for it to die, or does not run at all.
         """
+        if self.slots.attempts_at(entry.job.id) <= 1:
+            return True
         earlier = [
             other
             for other in list(self.slots.running.values())

@@ -29,6 +29,10 @@ class Slots:
         # By lease: a job taken from a handler that has not died yet may be
         # claimed again here under a new lease.
         self.running: dict[Lease, Running] = {}
+        # How many of them are attempts at each job: one, but for a job
+        # another process took back that this one claimed again while the
+        # earlier attempt's handler lives (`attempts_at`).
+        self._attempts: Counter[str] = Counter()
         # Set whenever a slot may have become free (a greenlet ended, or a
         # claim filled fewer slots than it reserved).
         self.freed = Event()
@@ -78,6 +82,7 @@ class Slots:
         """Run `run(entry)` in a slot of its own (waiting for one to free), as
         one of the running jobs until its greenlet is dead."""
         self.running[entry.lease] = entry
+        self._attempts[entry.job.id] += 1
         greenlet = Greenlet(run, entry)
         entry.greenlet = greenlet
         greenlet.rawlink(lambda _: self._ended(entry))
@@ -86,7 +91,15 @@ class Slots:
     def _ended(self, entry: Running) -> None:
         if self.running.get(entry.lease) is entry:
             del self.running[entry.lease]
+            self._attempts[entry.job.id] -= 1
+            if not self._attempts[entry.job.id]:
+                del self._attempts[entry.job.id]
         self.freed.set()
+
+    def attempts_at(self, job_id: str) -> int:
+        """How many of the running jobs are attempts at `job_id`, at once
+        (every job's start asks: a scan of every slot was a job's cost)."""
+        return self._attempts[job_id]
 
     def greenlets(self) -> list[Greenlet]:
         return list(self._greenlets)
