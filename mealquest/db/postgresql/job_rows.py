@@ -54,10 +54,10 @@ def as_text(table: str) -> str:
     times as the server writes them in text (never in a `SELECT` list, whose
     `ORDER BY` would then sort the text).
 
-    A claim's rows are the runner's hottest read: each of a row's seven
-    times parsed into a `datetime` by psycopg and formatted again by
-    `to_text` cost about 10 µs a row; the server's own text, reshaped by
-    `from_server_text`, about 2."""
+    A claim's rows are the runner's hottest read: psycopg parsed each of a
+    row's seven times into a `datetime` for `to_text` to format again; the
+    server's own text, reshaped by `from_server_text`, skips both (the
+    measurement: bench/NOTES.md, round 5, eighth session)."""
     columns = (column.strip() for column in COLUMNS.split(","))
     return ", ".join(
         f"{table}.{column}::text AS {column}" if column in _TIMES else f"{table}.{column}"
