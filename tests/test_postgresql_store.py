@@ -462,14 +462,15 @@ def test_a_query_waiting_on_the_server_leaves_the_hub_free(pg_url, tmp_path):
         holder.execute("SELECT pg_advisory_unlock(4242)")
         reader.join(20)
         assert reader.successful(), reader.exception
-        print("hub free")
+        # Waited on the hub itself, not through the patched `select.poll`.
+        print(store.read(lambda conn: type(conn).__name__), "hub free")
         """,
         patched=True,
         env={"PG_URL": pg_url},
     )
 
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert ran.stdout.strip() == "hub free"
+    assert ran.stdout.strip() == "HubConnection hub free"
 
 
 def test_a_server_that_stops_answering_mid_query_is_unavailable(pg_url, tmp_path):

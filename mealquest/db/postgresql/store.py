@@ -349,8 +349,14 @@ class PostgresStore:
         except psycopg.Error:
             # libpq's message quotes the faulty part, which may be the password.
             raise StoreError("the PostgreSQL URL is not valid") from None
+        connection_class: type[psycopg.Connection[dict[str, Any]]] = psycopg.Connection
+        if self._cooperative:
+            from mealquest.db.postgresql.hub_wait import HubConnection
+
+            connection_class = HubConnection
         pool: ConnectionPool[psycopg.Connection[dict[str, Any]]] = ConnectionPool(
             self.url,
+            connection_class=connection_class,
             kwargs=self.connect_kwargs(),
             configure=self._configure,
             # Connections are made when needed, up to pool_size, and closed
