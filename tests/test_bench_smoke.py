@@ -119,4 +119,8 @@ def test_the_queue_table_probe_runs_and_prints_a_row_per_layout():
         # Each figure: "median (lowest to highest)", a number of bytes or µs.
         medians = [float(cell.split(" (")[0].replace(",", "")) for cell in row[1:]]
         assert len(medians) == 6
-        assert all(value > 0 for value in medians), row
+        enqueue_wal, enqueue_cpu, drain_wal, drain_cpu, drain_wall, all_wal = medians
+        assert min(enqueue_wal, drain_wal, drain_wall, all_wal) > 0, row
+        # The server's CPU is counted in clock ticks (10 ms): a hundred jobs
+        # may take less than one.
+        assert min(enqueue_cpu, drain_cpu) >= 0, row
