@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,7 @@ def enqueue(
     *,
     on_interrupt: OnInterrupt = OnInterrupt.FAIL,
     max_attempts: int = 1,
+    run_at: datetime | None = None,
 ) -> str:
     job_id = uuid.uuid4().hex
     store.write(
@@ -75,6 +76,7 @@ def enqueue(
             payload="{}",
             max_attempts=max_attempts,
             on_interrupt=on_interrupt,
+            run_at=run_at,
         ),
     )
     return job_id

@@ -154,18 +154,7 @@ def test_a_claims_jobs_hold_the_times_a_read_of_them_finds_whatever_the_clients_
     dues.append(datetime(1, 1, 1, 1, tzinfo=UTC))
     try:
         for due in dues:
-            styled.write(
-                jobs.insert_job,
-                NewJob(
-                    job_id=uuid.uuid4().hex,
-                    household_id=household,
-                    kind="succeed",
-                    payload="{}",
-                    max_attempts=1,
-                    on_interrupt=OnInterrupt.FAIL,
-                    run_at=due,
-                ),
-            )
+            enqueue(styled, household, run_at=due)
         claimed = styled.write(
             jobs.claim,
             ClaimRequest(owner="w", lease_seconds=LEASE, limit=len(dues), kinds=["succeed"]),
