@@ -15,6 +15,7 @@ that could end the line.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gevent import monkey
 from opentelemetry import trace
 
 from mealquest.masking import mask_text
@@ -29,6 +31,19 @@ from mealquest.masking import mask_text
 _CONTEXT_KEYS = ("job_id", "kind", "attempt", "claim", "household_id", "count", "trace_id")
 _HANDLER_NAME = "mealquest-stderr"
 FORMATS = ("text", "json")
+# Most records are a constant text (`logger.info("job succeeded")`, no
+# arguments): its masked form is kept, not worked out again for each of a
+# drain's thousands of lines. Bounded: a caller that logs texts it built
+# itself only turns this cache over.
+_CONSTANT_TEXTS_KEPT = 1024
+_masked_constant = functools.lru_cache(maxsize=_CONSTANT_TEXTS_KEPT)(mask_text)
+
+
+def _masked_message(record: logging.LogRecord) -> str:
+    """The record's message, masked."""
+    if not record.args and type(record.msg) is str:
+        return _masked_constant(record.msg)
+    return mask_text(record.getMessage())
 
 
 def _trace_id(record: logging.LogRecord) -> str | None:
@@ -83,6 +98,7 @@ class ContextFormatter(logging.Formatter):
     def __init__(self, fmt: str | None = None) -> None:
         super().__init__(fmt)
         self._seconds = _SecondsCache(self.default_time_format, self.converter)
+        self._uses_time = self.usesTime()
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         msec_format = self.default_msec_format
@@ -91,7 +107,15 @@ class ContextFormatter(logging.Formatter):
         return msec_format % (self._seconds.text(record.created), record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        if record.exc_info or record.exc_text or record.stack_info:
+            line = super().format(record)
+        else:
+            # `logging.Formatter.format` without the parts such a record
+            # has no use for: a job's outcome line is one of these.
+            record.message = _masked_message(record)
+            if self._uses_time:
+                record.asctime = self.formatTime(record)
+            line = self._style.format(record)
         fields = record.__dict__
         context = [f"{key}={fields[key]}" for key in _CONTEXT_KEYS if key in fields]
         request_id = _request_id()
@@ -103,7 +127,7 @@ class ContextFormatter(logging.Formatter):
         return f"{line} [{' '.join(context)}]" if context else line
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = mask_text(record.message)
+        record.message = _masked_message(record)
         return super().formatMessage(record)
 
     def formatException(self, ei: Any) -> str:
@@ -124,7 +148,7 @@ class JsonFormatter(logging.Formatter):
             "time": f"{self._seconds.text(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": mask_text(record.getMessage()),
+            "message": _masked_message(record),
             "pid": record.process,
         }
         fields = record.__dict__
@@ -140,6 +164,23 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = mask_text(self.formatException(record.exc_info))
         return json.dumps(entry, default=str)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """`logging.StreamHandler` whose lock is the thread's own, even under gevent.
+
+    Patched, `threading.RLock` is gevent's, written in Python: a line took
+    it twice (to write, to flush), a tenth of a job's log line in a drain.
+    Greenlets need no lock here: a line is formatted and written without
+    yielding to the hub (the stream is a plain file, not a cooperative
+    one), so no other greenlet runs in between. Threads (the SQLite
+    writer, the connection pool's workers) are kept apart by this lock as
+    by any other.
+    """
+
+    def createLock(self) -> None:
+        super().createLock()
+        self.lock = monkey.get_original("_thread", "RLock")()
 
 
 def configure_logging(level: str, log_format: str = "text") -> None:
@@ -166,7 +207,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         if handler.get_name() == _HANDLER_NAME:
             handler.setFormatter(formatter)
             return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler(sys.stderr)
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(formatter)
     logger.addHandler(handler)
