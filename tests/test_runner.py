@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -99,6 +101,32 @@ def test_jobs_run_oldest_first(make_app, household):
     assert [job.result for job in finished] == [{"value": i} for i in range(20)]
     started = [job.started_at for job in finished]
     assert started == sorted(started)
+
+
+def test_a_finished_jobs_objects_are_freed_as_it_ends_not_by_the_cyclic_collector(jobs, household):
+    # A drain makes a job's objects (its context, its entry in the slots,
+    # its greenlet and what they hold) by the thousand: in a cycle, each
+    # waited for a pass of the cyclic collector, which then took most of
+    # a millisecond a job and freed memory by the arena.
+    contexts: list[weakref.ref] = []
+
+    def remember(payload, ctx):
+        contexts.append(weakref.ref(ctx))
+        return payload
+
+    jobs.registry.register("remembered", remember, payload=EmptySchema, result=EmptySchema)
+    job_id = jobs.enqueue("remembered", {}, household_id=household.household_id)
+    gc.collect()
+    gc.disable()
+    try:
+        jobs.start_pool()
+        wait_for(lambda: final(jobs, job_id))
+        # Its greenlet is dead once its slot is free again.
+        wait_for(lambda: jobs.pool is not None and not jobs.pool.slots.running)
+        [context] = contexts
+        assert context() is None
+    finally:
+        gc.enable()
 
 
 def test_enqueue_wakes_an_idle_pool_before_the_poll(make_app, household):

@@ -13,7 +13,10 @@ collection a job by default, 7-10 frozen, 5-8 frozen and collected every
 
 Objects that form cycles (a traceback and its frames, greenlets linked to
 each other) still go at the next young collection, a few hundred jobs later
-at most; everything else is freed as before, by its reference count.
+at most; everything else is freed as before, by its reference count. A
+job's own objects form none once its attempt is over (the executor drops
+its context's link back to it), so a drain of no-op jobs makes no
+collection at all.
 """
 
 from __future__ import annotations
