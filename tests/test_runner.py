@@ -105,9 +105,9 @@ def test_jobs_run_oldest_first(make_app, household):
 
 def test_a_finished_jobs_objects_are_freed_as_it_ends_not_by_the_cyclic_collector(jobs, household):
     # A drain makes a job's objects (its context, its entry in the slots,
-    # its greenlet and what they hold) by the thousand: in a cycle, each
-    # waited for a pass of the cyclic collector, which then took most of
-    # a millisecond a job and freed memory by the arena.
+    # its greenlet and what they hold) by the thousand: in a cycle, they
+    # waited for a pass of the cyclic collector, about 10 ms every few
+    # hundred jobs.
     contexts: list[weakref.ref] = []
 
     def remember(payload, ctx):

@@ -37,7 +37,8 @@ class Running:
     traceparent: str | None = None
     greenlet: Greenlet | None = None
     # The handler's context, once its attempt began (what it enqueued, and
-    # whether one of its writes found the lease gone).
+    # whether one of its writes found the lease gone); dropped when the attempt
+    # is over (`Executor._execute`), since it refers back to this entry.
     context: JobContext | None = None
     # The handler returned or raised; its outcome is being written.
     recording: bool = False
