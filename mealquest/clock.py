@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 _UTC_TEXT = "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ"
 
 
@@ -37,8 +36,13 @@ def to_text(moment: datetime) -> str:
 
 
 def from_text(text: str) -> datetime:
-    """A time as `to_text` wrote it."""
-    return datetime.strptime(text, _FORMAT).replace(tzinfo=UTC)
+    """A time as `to_text` wrote it.
+
+    Read by `fromisoformat`, which takes the trailing `Z` as UTC, in about
+    0.4 µs against `strptime`'s 16: a claim that starts a rated partition's
+    jobs reads one for each start in the partition's window, and every
+    answer about a queued job one for its estimated start."""
+    return datetime.fromisoformat(text)
 
 
 def seconds(value: float) -> timedelta:

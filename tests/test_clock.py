@@ -33,6 +33,8 @@ def test_a_time_is_the_same_text_in_any_zone_and_reads_back(moment: datetime) ->
     assert text[10] == "T"
     assert text.endswith("Z")
     assert from_text(text) == moment
+    # The very zone object: `to_text` formats a time in it without converting.
+    assert from_text(text).tzinfo is UTC
 
 
 def test_the_texts_sort_as_the_times_do() -> None:
