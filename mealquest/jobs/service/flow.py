@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 
 from mealquest import audit
-from mealquest.db.driver import Store, Transaction
+from mealquest.db.driver import Reads, Store, Transaction
 from mealquest.jobs.errors import UnknownKind
 from mealquest.jobs.registry import Registry
 from mealquest.model.jobs import Job, PartitionLimits, PartitionState, PausedKind
@@ -69,11 +69,18 @@ def partition_hold(
     hold the job back now (at its limit of running jobs, or its rate spent);
     None when its kind has no limits or its partition has room. A probe of
     the partition's running jobs and one of its rate ledger."""
+    return store.read(read_partition_hold, store, registry, job)
+
+
+def read_partition_hold(
+    conn: Reads, store: Store, registry: Registry, job: Job
+) -> tuple[PartitionLimits, PartitionState] | None:
+    """`partition_hold`, read on `conn` (a read that reads more beside it)."""
     kind = registry.get(job.kind)
     limits = kind.options.partition_limits if kind is not None else None
     if limits is None or job.partition_key is None:
         return None
-    state = store.read(store.flow.partition_state, job.kind, job.partition_key)
+    state = store.flow.partition_state(conn, job.kind, job.partition_key)
     full = limits.max_running is not None and state.running >= limits.max_running
     spent = limits.rate is not None and state.blocked_until is not None
     return (limits, state) if full or spent else None

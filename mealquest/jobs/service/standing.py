@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from mealquest.clock import from_text, to_text
-from mealquest.db.driver import Store
+from mealquest.db.driver import Reads, Store
 from mealquest.jobs.registry import Registry
 from mealquest.jobs.service import flow
 from mealquest.model.jobs import WAITING_RUN_AT, Job, Status
@@ -83,6 +83,16 @@ class WaitingFor(enum.StrEnum):
 
 # Waits no run time can estimate the end of.
 _NOT_ESTIMATED = (WaitingFor.PAUSED, WaitingFor.DEPENDENCIES, WaitingFor.HOUSEHOLD)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What `Standings` reads of the database for queued jobs' objects."""
+
+    standings: dict[str, Standing]
+    paused: frozenset[str]
+    # The jobs (by id) that their partition's limits hold back now.
+    partition_held: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -159,27 +169,21 @@ class Standings:
         queued = [job for job in jobs if job.status is Status.QUEUED]
         if not queued:
             return {}
-        standings = self.store.read(
-            self.store.jobs.queue_standings, queued, at_most=POSITION_COUNTED
-        )
         processes = self.live_processes()
         live_kinds = frozenset(kind for process in processes for kind in process.kinds)
         caps = self.registry.deployment_caps()
-        paused = {entry.kind for entry in flow.paused(self.store)}
+        read = self.store.read(self._read, queued)
         queues = {}
         for job in queued:
-            standing = standings.get(job.id)
+            standing = read.standings.get(job.id)
             if standing is None:
                 continue
             facts = QueueFacts(
                 standing,
                 live_kinds,
                 caps.get(job.kind),
-                paused=job.kind in paused,
-                partition_held=(
-                    job.run_at <= standing.now
-                    and flow.partition_hold(self.store, self.registry, job) is not None
-                ),
+                paused=job.kind in read.paused,
+                partition_held=job.id in read.partition_held,
             )
             reason = waiting_for(job, facts)
             serving = [process for process in processes if job.kind in process.kinds]
@@ -198,6 +202,21 @@ class Standings:
 
     def queue(self, job: Job) -> dict[str, Any] | None:
         return self.queues([job]).get(job.id)
+
+    def _read(self, conn: Reads, queued: Sequence[Job]) -> _Read:
+        """What the queued jobs' objects need from the database, in one call of
+        the store (on PostgreSQL, one connection taken from the pool, not one
+        for each part)."""
+        standings = self.store.jobs.queue_standings(conn, queued, at_most=POSITION_COUNTED)
+        held = frozenset(
+            job.id
+            for job in queued
+            if job.id in standings
+            and job.run_at <= standings[job.id].now
+            and flow.read_partition_hold(conn, self.store, self.registry, job) is not None
+        )
+        paused = frozenset(entry.kind for entry in self.store.flow.paused_kinds(conn))
+        return _Read(standings, paused, held)
 
     def live_processes(self) -> list[ProcessEntry]:
         now = self.clock()
