@@ -21,6 +21,7 @@ from marshmallow import (
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.model.jobs import Failure, Snooze
+from tests.support import chaos_ledger
 from tests.support.gates import pass_gate
 
 SECRET = "sk_live_TOPSECRET_7f3a9"
@@ -181,11 +182,11 @@ def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 def ledger_run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """The chaos test's kind: a `start` line when the run begins and an `end`
     line when its work is done, each with the job, the pid, the claim and
-    the wall-clock time (`tests.support.chaos_ledger` reads them)."""
-    _append_line(payload["log"], f"start {ctx.job_id} {os.getpid()} {ctx.claim} {time.time()}")
+    the wall-clock time (`tests.support.chaos_ledger` writes and reads them)."""
+    chaos_ledger.append(payload["log"], "start", ctx.job_id, ctx.claim)
     if payload["seconds"]:
         gevent.sleep(payload["seconds"])
-    _append_line(payload["log"], f"end {ctx.job_id} {os.getpid()} {ctx.claim} {time.time()}")
+    chaos_ledger.append(payload["log"], "end", ctx.job_id, ctx.claim)
     return {}
 
 
