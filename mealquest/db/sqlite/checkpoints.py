@@ -12,6 +12,18 @@ in 20,000 enqueues). Writes the hub makes itself (`write_now`) go to the
 writer thread once too many of them went uncheckpointed, and the thread
 checkpoints after such a write.
 
+That checkpoint is what restarts the WAL under the hub's writes: its
+callers wait, so nothing is appended while it copies, and the next write
+starts the WAL over. It is kept short: an idle checkpoint the hub wrote
+through is followed by another, each copying what the hub appended during
+the one before, until what is left is a few writes' pages; only then do
+the hub's writes go to the thread. Measured on 6,000 single enqueues in a
+row: the hub waited 21 times, 21 ms each, for checkpoints that copied every
+page since the last one (a quarter of the loop's time); catching up first,
+four or five checkpoints of 40, 20, 12, 7 and 4 ms left a last one of
+0.2 ms, and 10,000 single enqueues ran 1.16x as fast (six interleaved
+rounds, 1.10 to 1.22).
+
 Two threads write, so each counter here is written by one thread only and
 read by the other: the hub counts its writes, the writer thread its own and
 the counts at its last whole checkpoint. A count read across threads is a
@@ -21,6 +33,7 @@ moment old at most, which only moves a checkpoint by a write.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from contextlib import suppress
 
 # Checkpoint after this many writes, once the writer thread has had nothing to
@@ -39,6 +52,12 @@ WAL_AUTOCHECKPOINT_PAGES = 4_000
 # uncheckpointed (about 10 WAL pages each: under SQLite's own checkpoint's
 # 4,000, which then runs in the thread's COMMIT, never on the hub).
 HUB_WRITES_UNCHECKPOINTED = 300
+# An idle checkpoint during which the hub appended at most this many writes
+# has the hub's next write go to the thread, which copies them with nothing
+# appended meanwhile; more, and it checkpoints again (at most
+# `CATCH_UP_PASSES` times, and not while calls wait for the thread).
+HUB_WRITES_LEFT_TO_RESTART = 16
+CATCH_UP_PASSES = 8
 
 
 class Checkpoints:
@@ -50,6 +69,12 @@ class Checkpoints:
         # At the last whole checkpoint (the writer thread's).
         self._hub_writes_then = 0
         self._thread_writes_then = 0
+        # Set by the writer thread once an idle checkpoint left only a few of
+        # the hub's writes to copy: the hub's next write goes to the thread.
+        self._restart_wanted = False
+        # Set by the writer thread while its idle checkpoints run: the hub
+        # writes on meanwhile, whatever its count (it would only wait for them).
+        self._catching_up = False
 
     # -- the hub thread -------------------------------------------------------------
 
@@ -60,9 +85,14 @@ class Checkpoints:
         return self.since_checkpoint() == AFTER_WRITES
 
     def hub_may_write(self) -> bool:
-        """Whether the hub's writes went uncheckpointed for few enough: past
-        that, writes go to the thread, which checkpoints after them."""
-        return self.hub_writes - self._hub_writes_then < HUB_WRITES_UNCHECKPOINTED
+        """Whether the hub's writes went uncheckpointed for few enough, and the
+        thread does not want the next one for the WAL's restart: otherwise
+        writes go to the thread, which checkpoints after them."""
+        if self._restart_wanted:
+            return False
+        return (
+            self._catching_up or self.hub_writes - self._hub_writes_then < HUB_WRITES_UNCHECKPOINTED
+        )
 
     # -- the writer thread ----------------------------------------------------------
 
@@ -75,11 +105,30 @@ class Checkpoints:
         if not self.hub_may_write():
             with suppress(sqlite3.Error):
                 self.checkpoint(conn)
+            self._restart_wanted = False
 
-    def when_idle(self, conn: sqlite3.Connection | None) -> None:
-        """Checkpoint in a pause of the thread's, once enough writes came."""
-        if conn is not None and self.since_checkpoint() >= AFTER_WRITES:
-            self.checkpoint(conn)
+    def when_idle(self, conn: sqlite3.Connection | None, calls_waiting: Callable[[], bool]) -> None:
+        """Checkpoint in a pause of the thread's, once enough writes came; again
+        while the hub appended more than a few writes meanwhile (see the
+        module), unless `calls_waiting()`: a write waiting for the thread is
+        served first, and its own checkpoint follows it if the hub's need one."""
+        if conn is None or self.since_checkpoint() < AFTER_WRITES:
+            return
+        self._catching_up = True
+        try:
+            for _ in range(CATCH_UP_PASSES):
+                before = self.hub_writes
+                self.checkpoint(conn)
+                appended = self.hub_writes - before
+                if appended == 0:
+                    return  # all copied: the next write starts the WAL over
+                if appended <= HUB_WRITES_LEFT_TO_RESTART:
+                    self._restart_wanted = True
+                    return
+                if calls_waiting():
+                    return
+        finally:
+            self._catching_up = False
 
     def checkpoint(self, conn: sqlite3.Connection) -> None:
         """A PASSIVE checkpoint: counted afresh only once the whole WAL is copied

@@ -273,12 +273,12 @@ class ThreadWrites:
             raise
         return busy == 0 and os.path.getsize(self.path + "-wal") == 0
 
-    def checkpoint_when_idle(self) -> None:
-        """In a pause of the writer thread's (see `mealquest.db.sqlite.checkpoints`).
-        A failure is the thread's to log (from the hub), and SQLite's own
-        checkpoint remains."""
+    def checkpoint_when_idle(self, calls_waiting: Callable[[], bool]) -> None:
+        """In a pause of the writer thread's (see `mealquest.db.sqlite.checkpoints`),
+        cut short once `calls_waiting()`. A failure is the thread's to log
+        (from the hub), and SQLite's own checkpoint remains."""
         # Runs in the native writer thread: no gevent calls here.
-        self.checkpoints.when_idle(self.conn)
+        self.checkpoints.when_idle(self.conn, calls_waiting)
 
     def close_conn(self) -> None:
         # In the writer thread, so that `checkpoint_when_idle` never sees it closed.

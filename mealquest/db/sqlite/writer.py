@@ -70,11 +70,12 @@ class WriterThread:
 
     def __init__(
         self,
-        on_idle: Callable[[], None] | None = None,
+        on_idle: Callable[[Callable[[], bool]], None] | None = None,
         idle_seconds: float = 0.0,
         run_group: Callable[[list[Any]], list[tuple[bool, Any]]] | None = None,
     ) -> None:
-        # `on_idle` runs in the thread once no call has come for `idle_seconds`.
+        # `on_idle` runs in the thread once no call has come for `idle_seconds`,
+        # given a probe of whether one has come since (to cut a long task short).
         self._on_idle = on_idle
         self._idle_seconds = idle_seconds
         self._run_group = run_group
@@ -139,6 +140,10 @@ class WriterThread:
         hub's thread: a write made there now meets no write of ours."""
         return not self._pending and self.died is None and get_hub() is self._hub
 
+    def _calls_waiting(self) -> bool:
+        # In the thread: a call the hub queued since it last looked.
+        return bool(self._requests)
+
     def nudge(self) -> None:
         """Have the idle task run at the thread's next pause, though no call
         came (writes made elsewhere, on the hub, want their checkpoint)."""
@@ -164,7 +169,7 @@ class WriterThread:
                     self._work.acquire()
                 elif not self._work.acquire(timeout=self._idle_seconds):
                     try:
-                        self._on_idle()
+                        self._on_idle(self._calls_waiting)
                     except Exception as error:
                         self._notify("the store's writer thread: its idle task failed", error)
                     self._work.acquire()
