@@ -15,26 +15,26 @@ from tests.support.chaos_ledger import (
     fenced_writes,
     judge,
     read,
-    record,
     rescued_claims,
 )
 from tests.support.chaos_table import render
+from tests.support.shared_lines import record
 
 JOB = "a" * 32
 
 
-def ledger(tmp_path: Path, *records: str) -> Path:
+def ledger(tmp_path: Path, *lines: str) -> Path:
     path = tmp_path / "ledger"
-    path.write_text("".join(records))
+    path.write_bytes(b"".join(record(line) for line in lines))
     return path
 
 
 def test_runs_are_read_with_their_start_and_end(tmp_path):
     path = ledger(
         tmp_path,
-        record("start", JOB, 10, "claim-1", 100.0),
-        record("start", JOB, 20, "claim-2", 105.0),
-        record("end", JOB, 20, "claim-2", 105.5),
+        f"start {JOB} 10 claim-1 100.0",
+        f"start {JOB} 20 claim-2 105.0",
+        f"end {JOB} 20 claim-2 105.5",
     )
     runs = read(path)
     assert runs[JOB] == [
@@ -42,23 +42,6 @@ def test_runs_are_read_with_their_start_and_end(tmp_path):
         Run(JOB, 20, "claim-2", 105.0, 105.5),
     ]
     assert completed(runs) == {JOB}
-
-
-def test_a_record_its_process_was_killed_writing_is_left_out_and_the_next_read_whole(tmp_path):
-    # SIGKILL stops a write between two pages of the file: part of a record.
-    # Cut inside its time: five fields, the last a wrong time.
-    cut = record("start", JOB, 10, "claim-1", 100.123)[:-4]
-    other = "b" * 32
-    path = ledger(
-        tmp_path,
-        cut,
-        record("start", other, 20, "claim-2", 101.0),
-        record("end", other, 20, "claim-2", 101.5),
-        record("start", JOB, 30, "claim-3", 102.0),
-    )
-    runs = read(path)
-    assert runs[JOB] == [Run(JOB, 30, "claim-3", 102.0, None)]
-    assert runs[other] == [Run(other, 20, "claim-2", 101.0, 101.5)]
 
 
 def twice(first_claim: str = "claim-1", second_claim: str = "claim-2") -> dict[str, list[Run]]:

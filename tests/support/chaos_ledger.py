@@ -1,9 +1,10 @@
 """The chaos test's ledger, and the verdict on what it shows.
 
-Each run of the `ledger_run` kind appends a `start` record when it begins and
-an `end` record when its work is done (`start JOB PID CLAIM TIME .`), from
-whatever process ran it (`append`). A job run more than once is explained
-only by a lease provably lost (SPEC 13.1):
+Each run of the `ledger_run` kind appends a `start` line when it begins and
+an `end` line when its work is done (`start JOB PID CLAIM TIME`), from
+whatever process ran it (`append`, whole even when the chaos kills the
+process as it writes: `tests.support.shared_lines`). A job run more than
+once is explained only by a lease provably lost (SPEC 13.1):
 
 * each run after the first ran under a claim of its own: two runs under one
   claim are never explained;
@@ -31,6 +32,8 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support import shared_lines
 
 # The line a process logs when a job's fenced outcome write found the lease gone.
 LEASE_LOST = "job was no longer ours when its outcome was recorded"
@@ -63,41 +66,19 @@ class Verdict:
     unanswered: dict[str, list[Run]] = field(default_factory=dict)
 
 
-def record(what: str, job_id: str, pid: int, claim: str, moment: float) -> str:
-    """A ledger record as `append` writes it: on a line of its own, ended by `.`."""
-    return f"\n{what} {job_id} {pid} {claim} {moment!r} ."
-
-
 def append(path: str, what: str, job_id: str, claim: str) -> None:
-    """Append this process's record of a run's `what` (`start`, `end`), now.
-
-    One `write` of an `O_APPEND` file, yet not whole under SIGKILL, which the
-    chaos test sends: a write that crosses a page of the file stops between
-    the pages when a fatal signal is pending, leaving part of the record.
-    Hence the record's shape: its own newline first, so that the next one
-    starts on a line of its own whatever came before, and `.` last, so that
-    `read` tells a record cut short from a whole one."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, record(what, job_id, os.getpid(), claim, time.time()).encode())
-    finally:
-        os.close(fd)
+    """Append this process's line of a run's `what` (`start`, `end`), now."""
+    shared_lines.append(path, f"{what} {job_id} {os.getpid()} {claim} {time.time()!r}")
 
 
 def read(path: Path) -> dict[str, list[Run]]:
-    """Each job's runs, in the order they started.
-
-    A record cut short is left out: its process was killed as it wrote it,
-    and that kill explains any later run of the job (see `append`)."""
+    """Each job's runs, in the order they started."""
     runs: dict[str, list[Run]] = defaultdict(list)
     if not path.exists():
         return runs
     open_runs: dict[tuple[str, int, str], Run] = {}
     for line in path.read_text().splitlines():
-        fields = line.split()
-        if len(fields) != 6 or fields[-1] != ".":
-            continue  # the empty line before the first record, or one cut short
-        what, job_id, pid, claim, moment = fields[:5]
+        what, job_id, pid, claim, moment = line.split()
         key = (job_id, int(pid), claim)
         if what == "start":
             run = Run(job_id, int(pid), claim, float(moment))

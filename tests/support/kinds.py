@@ -21,7 +21,7 @@ from marshmallow import (
 from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import Backoff, KindOptions, Registry
 from mealquest.model.jobs import Failure, Snooze
-from tests.support import chaos_ledger
+from tests.support import chaos_ledger, shared_lines
 from tests.support.gates import pass_gate
 
 SECRET = "sk_live_TOPSECRET_7f3a9"
@@ -168,14 +168,10 @@ def publish_big(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 def append_job_id(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Records each run in a file shared by processes (O_APPEND lines are atomic)."""
+    """Records each run in a file shared by processes (`shared_lines`)."""
     if payload["seconds"]:
         gevent.sleep(payload["seconds"])
-    fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, f"{ctx.job_id} {os.getpid()} {ctx.claim}\n".encode())
-    finally:
-        os.close(fd)
+    shared_lines.append(payload["log"], f"{ctx.job_id} {os.getpid()} {ctx.claim}")
     return {}
 
 
@@ -208,11 +204,7 @@ def batch_report(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 def _append_line(path: str, line: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, f"{line}\n".encode())
-    finally:
-        os.close(fd)
+    shared_lines.append(path, line)
 
 
 def log_around_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:

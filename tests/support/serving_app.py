@@ -24,6 +24,7 @@ from mealquest.jobs.context import JobContext
 from mealquest.jobs.registry import KindOptions, Registry
 from mealquest.jobs.service import get_jobs
 from mealquest.jobs.web import enqueue_route as jobs_http
+from tests.support import shared_lines
 from tests.support.gates import pass_gate
 from tests.support.kinds import FAST_RETRY, EmptySchema, register_test_kinds
 
@@ -52,14 +53,10 @@ class CrashSchema(Schema):
 
 
 def _log_run(path: str | None, *words: object) -> None:
-    """One line per event in a file shared by processes (O_APPEND lines are atomic)."""
+    """One line per event in a file shared by processes (`shared_lines`)."""
     if not path:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, (" ".join(str(w) for w in words) + "\n").encode())
-    finally:
-        os.close(fd)
+    shared_lines.append(path, " ".join(str(w) for w in words))
 
 
 def _kill_this_process() -> None:
