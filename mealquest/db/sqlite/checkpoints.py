@@ -20,8 +20,8 @@ the one before, until what is left is a few writes' pages; only then do
 the hub's writes go to the thread. Measured on 6,000 single enqueues in a
 row: the hub waited 21 times, 21 ms each, for checkpoints that copied every
 page since the last one (a quarter of the loop's time); catching up first,
-four or five checkpoints of 40, 20, 12, 7 and 4 ms left a last one of
-0.2 ms, and 10,000 single enqueues ran 1.16x as fast (six interleaved
+checkpoints of 41, 23, 15, 8 and 5 ms (the hub wrote on) left a last
+one of 0.2 ms, and 10,000 single enqueues ran 1.16x as fast (six interleaved
 rounds, 1.10 to 1.22).
 
 Two threads write, so each counter here is written by one thread only and
