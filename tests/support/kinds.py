@@ -203,19 +203,15 @@ def batch_report(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return outcome.as_dict()
 
 
-def _append_line(path: str, line: str) -> None:
-    shared_lines.append(path, line)
-
-
 def log_around_gate(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Writes `+ ID PID` to the shared log file when it starts and `- ID PID` when
     it ends, and waits at the gate between: the lines, in file order, say how
     many of these jobs ran at once across processes (see `most_at_once`)."""
-    _append_line(payload["log"], f"+ {ctx.job_id} {os.getpid()}")
+    shared_lines.append(payload["log"], f"+ {ctx.job_id} {os.getpid()}")
     try:
         pass_gate(payload["url"])
     finally:
-        _append_line(payload["log"], f"- {ctx.job_id} {os.getpid()}")
+        shared_lines.append(payload["log"], f"- {ctx.job_id} {os.getpid()}")
     return {"pid": os.getpid()}
 
 
@@ -237,7 +233,7 @@ def block_hub_in(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """In the process `pid`, holds its event loop (a sleep gevent cannot make
     cooperative) until that process dies; in any other, returns at once.
     Each start is logged as `start JOB_ID PID`."""
-    _append_line(payload["log"], f"start {ctx.job_id} {os.getpid()}")
+    shared_lines.append(payload["log"], f"start {ctx.job_id} {os.getpid()}")
     if os.getpid() == payload["pid"]:
         while True:
             _blocking_sleep(60)
@@ -381,7 +377,7 @@ class AskedSchema(Schema):
 
 def _prepare(log: str) -> dict[str, Any]:
     """The step: counted in the log, one line a run of it."""
-    _append_line(log, f"step {os.getpid()}")
+    shared_lines.append(log, f"step {os.getpid()}")
     with open(log) as lines:
         return {"prepared": sum(1 for line in lines if line.startswith("step "))}
 
