@@ -86,6 +86,34 @@ def test_create_app_opens_nothing(tmp_path):
     assert not path.parent.exists()
 
 
+@pytest.mark.sqlite_only("the modules a process imports; no database is opened")
+def test_a_service_process_leaves_the_page_parsing_libraries_to_the_parser_processes(tmp_path):
+    # Pages are parsed only in parser processes (`mealquest.recipes.parser_pool`),
+    # which import recipe-scrapers themselves; in a web or job worker its
+    # imports (bs4, extruct, rdflib, requests) only slowed every start.
+    probe = (
+        "import sys\n"
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import wsgi\n"
+        "from mealquest.jobs.service import get_jobs\n"
+        "jobs = get_jobs(wsgi.app)\n"
+        "assert 'recipe_import' in jobs.registry.names(), jobs.registry.names()\n"
+        "heavy = ('recipe_scrapers', 'extruct', 'bs4', 'rdflib', 'w3lib')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    env = {**os.environ, "MEALQUEST_DATABASE": str(tmp_path / "never.sqlite3")}
+    answer = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        timeout=120,
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert answer.stdout.strip() == "[]"
+
+
 # -- health -----------------------------------------------------------------------------------
 
 

@@ -5,19 +5,23 @@ site's own scraper where it has one. We never scrape HTML by hand. The
 values are then cut to the sizes the `recipes` table accepts, and made
 storable by both databases, so that an odd page gives a shorter recipe
 rather than a failed write.
+
+The library and what it brings (bs4, extruct, rdflib, requests) are loaded
+by `parsing_library`, never by importing this module: pages are parsed
+only in parser processes (`mealquest.recipes.parser_pool`), which load it
+before they say they are ready, while the service's processes import this
+module for `ParserFailed` and `fit_recipe` alone. Loaded at import, it was
+about 0.7 s of every web and job worker's start.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
-
-from recipe_scrapers import scrape_html
-from recipe_scrapers._exceptions import NoSchemaFoundInWildMode
-from w3lib.encoding import html_to_unicode
 
 from mealquest.model.recipes import ParsedRecipe
 from mealquest.recipes.fetch import Page
@@ -50,6 +54,25 @@ class ParserFailed(Exception):
     the library's messages quote the URL."""
 
 
+@dataclass(frozen=True)
+class ParsingLibrary:
+    """What `parse_page` calls of recipe-scrapers and w3lib."""
+
+    scrape_html: Callable[..., Any]
+    no_schema: type[Exception]
+    html_to_unicode: Callable[[str | None, bytes], tuple[str, str]]
+
+
+@functools.cache
+def parsing_library() -> ParsingLibrary:
+    """recipe-scrapers and w3lib, imported at the first call (see the module)."""
+    from recipe_scrapers import scrape_html
+    from recipe_scrapers._exceptions import NoSchemaFoundInWildMode
+    from w3lib.encoding import html_to_unicode
+
+    return ParsingLibrary(scrape_html, NoSchemaFoundInWildMode, html_to_unicode)
+
+
 def parse_page(page: Page) -> ParsedRecipe | None:
     """The page's recipe, or None when it has none (or is not HTML).
 
@@ -59,10 +82,11 @@ def parse_page(page: Page) -> ParsedRecipe | None:
     content_type = (page.content_type or "").split(";", 1)[0].strip().lower()
     if content_type and content_type not in _HTML_TYPES:
         return None
-    _encoding, html = html_to_unicode(page.content_type, page.body)
+    library = parsing_library()
+    _encoding, html = library.html_to_unicode(page.content_type, page.body)
     try:
-        scraper = scrape_html(html, org_url=page.url, supported_only=False)
-    except NoSchemaFoundInWildMode:
+        scraper = library.scrape_html(html, org_url=page.url, supported_only=False)
+    except library.no_schema:
         return None
     except MemoryError:
         raise  # the page is past the parser's memory limit, not the library's failure

@@ -65,7 +65,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mealquest.recipes.fetch import Page
-from mealquest.recipes.parse import ParserFailed, parse_page
+from mealquest.recipes.parse import ParserFailed, parse_page, parsing_library
 
 LENGTH = struct.Struct(">I")
 # An answer is a recipe cut to the stored sizes: well below this.
@@ -196,6 +196,9 @@ TASKS: dict[str, Callable[[dict[str, Any], bytes], dict[str, Any]]] = {
 def serve(parent: int, memory_headroom: int) -> None:
     """Answer requests on stdin until it closes (or a limit ends the process)."""
     _die_with(parent)
+    # Before the sizes below are read: a process's resident size once the
+    # library is loaded is where its memory limit starts.
+    parsing_library()
     os.nice(NICENESS)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     size = _address_space()
