@@ -39,7 +39,7 @@ from bench.common import (
     median,
     wait_until,
 )
-from bench.loadgen import run_load
+from bench.loadgen import answers_not_ok, run_load
 from bench.throughput import INSERT, start_workers, stop_processes
 from bench.web import _seed
 from mealquest.clock import to_text
@@ -140,7 +140,8 @@ def serve_and_enqueue(
         stop_processes(workers)
     for run in http + trivial:
         if run["non_200"]:
-            raise RuntimeError(f"{run['non_200']} answers were not 2xx")
+            why = answers_not_ok(server_log)
+            raise RuntimeError(f"{run['non_200']} answers were not 2xx; {why}")
 
     def summary(runs: list[dict]) -> dict:
         return {

@@ -20,10 +20,36 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 from bench.common import percentile
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
+# An access line's request and status, in the text and the JSON format (gunicorn.conf.py).
+_ACCESS = re.compile(r'"((?:GET|POST|PUT|PATCH|DELETE|HEAD) [^"]*)" (\d{3}) |"status": "(\d{3})"')
+_LINES_SHOWN = 20
+
+
+def answers_not_ok(server_log: Path) -> str:
+    """Why a run counted answers that were not 2xx, from the server's own log:
+    how many of each status it wrote (by request where its format names
+    it), and its last lines that are not access lines (a warning or error
+    says what refused them). For the error a figure fails with: the load
+    generator counts such answers but cannot say which they were."""
+    statuses: Counter[str] = Counter()
+    others: list[str] = []
+    for line in server_log.read_text(errors="replace").splitlines():
+        access = _ACCESS.search(line)
+        if access is None:
+            others.append(line)
+            continue
+        status = access.group(2) or access.group(3)
+        if not status.startswith("2"):
+            request = access.group(1) or "?"
+            statuses[f"{status} {request.rsplit(' ', 1)[0]}"] += 1
+    counted = ", ".join(f"{what}: {count}" for what, count in statuses.most_common()) or "none"
+    return f"answers not 2xx in the server's log: {counted}\n" + "\n".join(others[-_LINES_SHOWN:])
 
 
 class LoadError(RuntimeError):

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import REPO, free_port, fresh_database, wait_until
-from bench.loadgen import run_load
+from bench.loadgen import answers_not_ok, run_load
 
 _CREATED = "2024-01-01T00:00:00.000000Z"
 # How often the changing job changes: a handler writing partial results fast.
@@ -170,5 +170,5 @@ def serve_and_load(workdir: Path, seconds: float, connections: int, repeats: int
             server.wait()
     for run in trivial + job + changing:
         if run["non_200"]:
-            raise RuntimeError(f"{run['non_200']} answers were not 200")
+            raise RuntimeError(f"{run['non_200']} answers were not 200; {answers_not_ok(log)}")
     return {"job": job, "changing": changing, "trivial": trivial}

@@ -4,7 +4,8 @@ A load run against a server that resets its connections must not print a
 rate: requests that got no answer would make the route look fast. Both
 generators are run against a real loopback listener that accepts each
 connection and closes it at once, unread (the peer sees a reset or an
-empty answer).
+empty answer). A run with answers that were not 2xx fails its figure
+with what the server's log says of them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.loadgen import LoadError, run_load
+from bench.loadgen import LoadError, answers_not_ok, run_load
 
 
 @pytest.fixture
@@ -58,3 +59,22 @@ def test_a_load_run_whose_connections_failed_fails(resetting_server, generator):
         pytest.skip("wrk is not installed (the test command installs it)")
     with pytest.raises(LoadError):
         run_load(resetting_server, {}, 1, 2, generator)
+
+
+def test_answers_not_ok_are_counted_from_the_servers_log(tmp_path):
+    log = tmp_path / "gunicorn.log"
+    log.write_text(
+        '"127.0.0.1" fwd="-" "GET /bench/trivial HTTP/1.1" 200 16 1ms rid=a pid=7 "wrk"\n'
+        '"127.0.0.1" fwd="-" "GET /api/v1/jobs/j1 HTTP/1.1" 503 96 5003ms rid=b pid=7 "wrk"\n'
+        "2026-12-07 13:00:00,000 8 WARNING mealquest.errors: database busy past its timeout\n"
+        '"127.0.0.1" fwd="-" "GET /api/v1/jobs/j1 HTTP/1.1" 503 96 5001ms rid=c pid=8 "wrk"\n'
+        '{"level": "INFO", "logger": "gunicorn.access", "message": "POST /api/v1/recipe-imports '
+        'HTTP/1.1", "status": "429", "pid": 8}\n'
+    )
+    why = answers_not_ok(log)
+    assert "503 GET /api/v1/jobs/j1: 2" in why
+    assert "429 ?: 1" in why
+    assert "200" not in why.splitlines()[0]
+    assert why.splitlines()[1:] == [
+        "2026-12-07 13:00:00,000 8 WARNING mealquest.errors: database busy past its timeout"
+    ]
