@@ -21,19 +21,25 @@ import sys
 import threading
 import urllib.request
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import REPO, free_port, fresh_database, wait_until
 from bench.loadgen import answers_not_ok, run_load
+from mealquest.clock import to_text
 
-_CREATED = "2024-01-01T00:00:00.000000Z"
 # How often the changing job changes: a handler writing partial results fast.
 CHANGE_SECONDS = 0.005
 
 
 def _seed(db: str, household: int) -> tuple[str, str, str]:
-    """A token, a finished job and a running job of the household, written directly."""
+    """A token, a finished job and a running job of the household, written directly.
+
+    Made now: the server's pools run `prune_jobs` every hour, and a job
+    past the retention would vanish mid-run (every later answer a 404)."""
     from mealquest.households import TOKEN_PREFIX, token_digest
+
+    created = to_text(datetime.now(UTC))
 
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     job_id, running_id = uuid.uuid4().hex, uuid.uuid4().hex
@@ -41,13 +47,13 @@ def _seed(db: str, household: int) -> tuple[str, str, str]:
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(
         "INSERT INTO api_tokens (household_id, token_sha256, created_at) VALUES (?, ?, ?)",
-        (household, token_digest(token), _CREATED),
+        (household, token_digest(token), created),
     )
     conn.execute(
         "INSERT INTO jobs (id, household_id, kind, payload, status, result, attempt, "
         "max_attempts, run_at, created_at, updated_at, started_at, finished_at) "
         "VALUES (?1, ?2, 'noop', '{}', 'succeeded', '{}', 1, 1, ?3, ?3, ?3, ?3, ?3)",
-        (job_id, household, _CREATED),
+        (job_id, household, created),
     )
     conn.execute(
         "INSERT INTO jobs (id, household_id, kind, payload, status, attempt, "
@@ -55,7 +61,7 @@ def _seed(db: str, household: int) -> tuple[str, str, str]:
         "lease_expires_at) "
         "VALUES (?1, ?2, 'noop', '{}', 'running', 1, 1, ?3, ?3, ?3, ?3, 'bench', "
         "'9999-01-01T00:00:00.000000Z')",
-        (running_id, household, _CREATED),
+        (running_id, household, created),
     )
     conn.execute("COMMIT")
     conn.close()

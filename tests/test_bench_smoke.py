@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from bench import web
 from bench.__main__ import FIGURES
-from bench.common import FULL, QUICK
+from bench.common import FULL, QUICK, fresh_database
+from mealquest.application import create_app
 from mealquest.config.table import DEFAULTS
+from mealquest.extensions import get_store
+from mealquest.jobs.service import get_jobs, retention
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,3 +128,23 @@ def test_the_queue_table_probe_runs_and_prints_a_row_per_layout():
         # The server's CPU is counted in clock ticks (10 ms): a hundred jobs
         # may take less than one.
         assert min(enqueue_cpu, drain_cpu) >= 0, row
+
+
+@pytest.mark.sqlite_only("the HTTP figures' served database is an SQLite file")
+def test_the_http_figures_jobs_outlive_the_hourly_prune(tmp_path):
+    # The routes they load read these jobs for the whole run, in workers
+    # whose pools run `prune_jobs` at minute 17 of every hour: a job it
+    # deleted made every later answer a 404, and the figure failed.
+    db, household = fresh_database(tmp_path)
+    _token, finished, running = web._seed(db, household)
+    app = create_app({"DATABASE": db})
+    pruned = retention.prune(
+        get_store(app),
+        older_than_days=DEFAULTS["JOB_RETENTION_DAYS"],
+        catchup_seconds=DEFAULTS["JOB_CRON_CATCHUP_SECONDS"],
+    )
+    assert pruned.jobs == 0
+    jobs = get_jobs(app)
+    assert jobs.get(finished) is not None
+    assert jobs.get(running) is not None
+    get_store(app).close()
