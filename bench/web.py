@@ -21,12 +21,11 @@ import sys
 import threading
 import urllib.request
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.common import REPO, free_port, fresh_database, wait_until
 from bench.loadgen import answers_not_ok, run_load
-from mealquest.clock import to_text
+from mealquest.clock import to_text, utc_now
 
 # How often the changing job changes: a handler writing partial results fast.
 CHANGE_SECONDS = 0.005
@@ -39,8 +38,7 @@ def _seed(db: str, household: int) -> tuple[str, str, str]:
     past the retention would vanish mid-run (every later answer a 404)."""
     from mealquest.households import TOKEN_PREFIX, token_digest
 
-    created = to_text(datetime.now(UTC))
-
+    created = to_text(utc_now())
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     job_id, running_id = uuid.uuid4().hex, uuid.uuid4().hex
     conn = sqlite3.connect(db, isolation_level=None)

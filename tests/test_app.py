@@ -22,6 +22,7 @@ from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.health import MAX_AGE_SECONDS, health_check
 from mealquest.logs import ContextFormatter, JsonFormatter, configure_logging
+from tests.support.processes import REPO
 from tests.support.ticks import Ticks
 
 pytestmark = pytest.mark.both_databases
@@ -107,7 +108,7 @@ def test_a_service_process_leaves_the_page_parsing_libraries_to_the_parser_proce
         capture_output=True,
         text=True,
         env=env,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=REPO,
         timeout=120,
     )
     assert answer.returncode == 0, answer.stderr[-3000:]
