@@ -60,9 +60,12 @@ def served(database: dict, tmp_path: Path) -> Iterator[str]:
         **{f"MEALQUEST_{key}": value for key, value in database.items()},
         "MEALQUEST_LOG_LEVEL": "WARNING",
         # Every event stream (and long poll) the fuzzer opens ends within a
-        # second: its read is bounded, whatever the job does.
-        "MEALQUEST_STREAM_MAX_SECONDS": "1",
-        "MEALQUEST_STREAM_HEARTBEAT_SECONDS": "0.5",
+        # tenth of a second, its heartbeat sent on the way: its read is
+        # bounded, whatever the job does. The fuzzer's batches are never run
+        # (no pool), so each of their streams lasts this long: at a second
+        # it was most of the run.
+        "MEALQUEST_STREAM_MAX_SECONDS": "0.1",
+        "MEALQUEST_STREAM_HEARTBEAT_SECONDS": "0.05",
         "GUNICORN_CMD_ARGS": "",
     }
     args = [sys.executable, "-m", "gunicorn", "--worker-class", "gevent", "--workers", "1"]
