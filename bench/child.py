@@ -10,14 +10,14 @@ pgqueuer's workers) runs unpatched, as it is meant to.
 
 import sys
 
-from gevent import monkey
+from mealquest.gevent_patching import patch_all
 
 UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer", "pg_awa"})
 
 if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
     pass
 else:
-    monkey.patch_all()
+    patch_all()
 
 import json  # noqa: E402
 

@@ -23,9 +23,9 @@ gevent worker is. Absolute times say something about this run only.
 
 from __future__ import annotations
 
-from gevent import monkey
+from mealquest.gevent_patching import patch_all
 
-monkey.patch_all()
+patch_all()
 
 import argparse  # noqa: E402 - after the patching, as in a gunicorn gevent worker
 import resource  # noqa: E402

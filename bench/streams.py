@@ -29,9 +29,9 @@ Absolute figures say something about this run only; the ratios compare.
 
 from __future__ import annotations
 
-from gevent import monkey
+from mealquest.gevent_patching import patch_all
 
-monkey.patch_all()
+patch_all()
 
 import argparse  # noqa: E402 - after the patching, as in a gunicorn gevent worker
 import json  # noqa: E402

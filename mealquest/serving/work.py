@@ -34,15 +34,16 @@ def _run_from_flask_cli() -> bool:
 
 
 def _restart_monkey_patched() -> None:
-    """Re-execute this command under `python -m gevent.monkey`.
+    """Re-execute this command under `python -m mealquest.gevent_patching`.
 
     Handlers may do blocking standard-library I/O (sockets, DNS, `time.sleep`),
     which is cooperative only in a monkey-patched process, and patching now,
     with Flask, ssl and threading already imported, would leave unpatched
     locks behind (a module-level `threading.Lock()` made before patching
     stays a real OS lock, and a greenlet that waits on it blocks the whole
-    process). gevent's launcher patches before anything is
-    imported, as gunicorn's gevent worker does before it loads the app.
+    process). The launcher patches before anything is imported, as
+    gunicorn's gevent worker does before it loads the app; it is gevent's own
+    (`python -m gevent.monkey`) with the plugins' lookups read once.
     """
     if monkey.is_module_patched("socket") or not _run_from_flask_cli():
         return
@@ -50,7 +51,7 @@ def _restart_monkey_patched() -> None:
     if os.environ.get("MQ_JOBS_WORK_REEXECUTED"):
         raise click.ClickException("could not start the pool monkey-patched")
     os.environ["MQ_JOBS_WORK_REEXECUTED"] = "1"
-    launcher = [sys.executable, "-m", "gevent.monkey", "--module", "flask", *sys.argv[1:]]
+    launcher = [sys.executable, "-m", "mealquest.gevent_patching", "flask", *sys.argv[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, launcher)  # noqa: S606 - our own interpreter and arguments

@@ -25,7 +25,7 @@ from mealquest.db.errors import StoreError
 class BlockingPsycopg(StoreError):
     """psycopg was imported before gevent patched the standard library, so every query
     would block all greenlets: import it only after monkey-patching (gunicorn's gevent
-    worker, `python -m gevent.monkey`)."""
+    worker, `flask jobs work`'s launcher)."""
 
 
 def psycopg_waits_cooperatively() -> bool:
