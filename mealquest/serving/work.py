@@ -1,16 +1,14 @@
 """`flask jobs work`: a process that runs a job pool and serves no HTTP.
 
 It lives with the other entry points because it owns a whole process: it
-re-executes itself monkey-patched, installs the signal handlers, and starts
+re-executes itself monkey-patched (`work_launch`), installs the signal handlers, and starts
 the native watchdog (`blocked_exit`) that ends the process when its event
 loop stays blocked. The `jobs` command group adds it (`create_app`).
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 
 import click
 import gevent
@@ -24,37 +22,16 @@ from mealquest.jobs.service import JobService, get_jobs
 from mealquest.metrics.standalone import serve_configured as serve_metrics
 from mealquest.serving import collector
 from mealquest.serving.blocked_exit import BlockedLoopExit
-
-
-def _run_from_flask_cli() -> bool:
-    program = os.path.normpath(sys.argv[0]) if sys.argv else ""
-    return os.path.basename(program) == "flask" or program.endswith(
-        os.path.join("flask", "__main__.py")
-    )
+from mealquest.serving.work_launch import restart_monkey_patched
 
 
 def _restart_monkey_patched() -> None:
-    """Re-execute this command under `python -m mealquest.gevent_patching`.
-
-    Handlers may do blocking standard-library I/O (sockets, DNS, `time.sleep`),
-    which is cooperative only in a monkey-patched process, and patching now,
-    with Flask, ssl and threading already imported, would leave unpatched
-    locks behind (a module-level `threading.Lock()` made before patching
-    stays a real OS lock, and a greenlet that waits on it blocks the whole
-    process). The launcher patches before anything is imported, as
-    gunicorn's gevent worker does before it loads the app; it is gevent's own
-    (`python -m gevent.monkey`) with the plugins' lookups read once.
-    """
-    if monkey.is_module_patched("socket") or not _run_from_flask_cli():
-        return
-    # Not MEALQUEST_*: that prefix is the app's configuration.
-    if os.environ.get("MQ_JOBS_WORK_REEXECUTED"):
-        raise click.ClickException("could not start the pool monkey-patched")
-    os.environ["MQ_JOBS_WORK_REEXECUTED"] = "1"
-    launcher = [sys.executable, "-m", "mealquest.gevent_patching", "flask", *sys.argv[1:]]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, launcher)  # noqa: S606 - our own interpreter and arguments
+    """Re-execute this command monkey-patched (`mealquest.serving.work_launch`),
+    if the app module Flask loaded did not already."""
+    try:
+        restart_monkey_patched()
+    except RuntimeError as error:
+        raise click.ClickException(str(error)) from None
 
 
 # A server, checked as servers are: a database ahead of it is served during a

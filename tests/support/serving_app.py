@@ -7,7 +7,13 @@ kill it at a chosen state change, a test-only route that enqueues any test
 kind for the authenticated household, and an `X-Worker-Pid` header.
 """
 
+# ruff: noqa: E402 - the imports after the re-execution below
 from __future__ import annotations
+
+from mealquest.serving.work_launch import restart_if_working
+
+# `flask jobs work` re-executes monkey-patched before the app is built.
+restart_if_working()
 
 import logging
 import os
