@@ -1,9 +1,9 @@
 """`flask jobs work`: a process that runs a job pool and serves no HTTP.
 
 It lives with the other entry points because it owns a whole process: it
-re-executes itself monkey-patched (`work_launch`), installs the signal handlers, and starts
-the native watchdog (`blocked_exit`) that ends the process when its event
-loop stays blocked. The `jobs` command group adds it (`create_app`).
+re-executes itself monkey-patched (`work_launch`), installs the signal
+handlers, and starts the native watchdog (`blocked_exit`) that ends the
+process when its event loop stays blocked. The `jobs` command group adds it (`create_app`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import sys
 _REEXECUTED = "MQ_JOBS_WORK_REEXECUTED"
 
 
-def run_from_flask_cli() -> bool:
+def _run_from_flask_cli() -> bool:
     """Whether this process is Flask's CLI (`flask`, or `python -m flask`)."""
     program = os.path.normpath(sys.argv[0]) if sys.argv else ""
     return os.path.basename(program) == "flask" or program.endswith(
@@ -35,19 +35,13 @@ def run_from_flask_cli() -> bool:
     )
 
 
-def _is_patched() -> bool:
-    if "gevent.monkey" not in sys.modules:
-        return False
-    from gevent import monkey
-
-    return bool(monkey.is_module_patched("socket"))
-
-
 def restart_monkey_patched() -> None:
     """Re-execute this `flask` command monkey-patched, if it runs from Flask's
     CLI and is not patched yet (otherwise return); RuntimeError if the
     re-executed process finds itself unpatched."""
-    if _is_patched() or not run_from_flask_cli():
+    from gevent import monkey
+
+    if monkey.is_module_patched("socket") or not _run_from_flask_cli():
         return
     if os.environ.get(_REEXECUTED):
         raise RuntimeError("could not start the pool monkey-patched")
