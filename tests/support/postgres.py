@@ -107,9 +107,11 @@ def _drop(admin: psycopg.Connection, name: str) -> None:
             time.sleep(0.2)
 
 
+@functools.cache
 def _migrated_template(url: str) -> str:
     """A database with every migration applied, named by the files' checksums:
-    made once per server (by whichever test process needs it first)."""
+    made once per server (by whichever test process needs it first), looked
+    for once per test process."""
     digest = hashlib.sha256()
     for migration in migrate.discover(migrate.MIGRATIONS_DIR):
         digest.update(migration.checksum.encode())
@@ -143,56 +145,71 @@ _made: list[tuple[str, str]] = []  # (server URL, database name), dropped at exi
 
 def _emptied(url: str, name: str, tables: list[str]) -> bool:
     """Empty a used database for the next test (much faster than making one):
-    no rows, identities restarted, no connections. False if it cannot be made
-    as good as new, and must be dropped instead."""
+    no rows, sequences restarted, no connections. False if it cannot be made
+    as good as new, and must be dropped instead.
+
+    Two statements, whatever the schema: one ends the test's connections and
+    reads what there is, one empties every table and restarts every
+    sequence. A statement a table was most of a PostgreSQL test's teardown."""
     with psycopg.connect(with_database(url, name), autocommit=True, connect_timeout=10) as conn:
-        # The test's connections (and those of processes it killed) go first:
-        # one may hold a lock, a LISTEN, or a session setting.
-        # Only client sessions of our own role: the server's own workers
-        # (autovacuum) may be in the database too, and are not ours to end.
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        found = conn.execute(
+            # The test's connections (and those of processes it killed) go
+            # first: one may hold a lock, a LISTEN, or a session setting. Only
+            # client sessions of our own role: the server's own workers
+            # (autovacuum) may be in the database too, and are not ours to end.
+            "SELECT (SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_type = 'client backend' AND usename = current_user"
-        )
-        present = [
-            row[0]
-            for row in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
-            )
-        ]
+            "AND backend_type = 'client backend' AND usename = current_user) AS ended, "
+            "ARRAY(SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' "
+            "ORDER BY tablename) AS present, "
+            "ARRAY(SELECT ARRAY[sequencename::text, start_value::text] FROM pg_sequences "
+            "WHERE schemaname = 'public' ORDER BY sequencename) AS sequences"
+        ).fetchone()
+        assert found is not None
+        _, present, sequences = found
         if present != tables:
             return False  # the test changed the schema
-        conn.execute("SET lock_timeout = '5s'")
-        # DELETE, not TRUNCATE: on a few rows it takes a millisecond, TRUNCATE a
-        # hundred (it makes new files for every table).
-        identities = conn.execute(
-            "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = 'public' AND is_identity = 'YES'"
-        ).fetchall()
         try:
-            for table in tables:
-                if table != "schema_migrations":
-                    conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
-            for table, column in identities:
-                conn.execute(
-                    sql.SQL("ALTER TABLE {} ALTER COLUMN {} RESTART").format(
-                        sql.Identifier(table), sql.Identifier(column)
-                    )
-                )
-            # Rows the migrations themselves insert (the system household) come back.
-            for table, (columns, rows) in _template_rows(url, _template_of(name)).items():
-                conn.cursor().executemany(
-                    sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
-                        sql.Identifier(table),
-                        sql.SQL(", ").join(map(sql.Identifier, columns)),
-                        sql.SQL(", ").join(sql.Placeholder() * len(columns)),
-                    ),
-                    rows,
-                )
+            # No parameters: one simple query, all of it one transaction.
+            conn.execute(
+                _emptying(url, _template_of(name), tuple(tables), tuple(map(tuple, sequences)))
+            )
         except psycopg.errors.LockNotAvailable:
             return False
     return True
+
+
+@functools.cache
+def _emptying(
+    url: str, template: str, tables: tuple[str, ...], sequences: tuple[tuple[str, str], ...]
+) -> str:
+    """The statements that empty a database cloned from `template`, as one
+    text (made once: composing them took a tenth of the emptying)."""
+    # DELETE, not TRUNCATE: on a few rows it takes a millisecond, TRUNCATE a
+    # hundred (it makes new files for every table).
+    statements = [sql.SQL("SET lock_timeout = '5s'")]
+    statements += [
+        sql.SQL("DELETE FROM {}").format(sql.Identifier(table))
+        for table in tables
+        if table != "schema_migrations"
+    ]
+    statements += [
+        sql.SQL("SELECT setval({}, {}, false)").format(
+            sql.Literal(f"public.{sequence}"), sql.Literal(int(start))
+        )
+        for sequence, start in sequences
+    ]
+    # Rows the migrations themselves insert (the system household) come back.
+    for table, (columns, rows) in _template_rows(url, template).items():
+        statements += [
+            sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE VALUES ({})").format(
+                sql.Identifier(table),
+                sql.SQL(", ").join(map(sql.Identifier, columns)),
+                sql.SQL(", ").join(map(sql.Literal, row)),
+            )
+            for row in rows
+        ]
+    return sql.SQL("; ").join(statements).as_string(None)
 
 
 # The template each database handed out was cloned from.
