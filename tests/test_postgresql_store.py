@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from mealquest.db.errors import StoreError, StoreUnavailable, StoreUsedAcrossFork
-from mealquest.db.postgresql import households, jobs
+from mealquest.db.postgresql import households, jobs, notify
 from mealquest.db.postgresql.notify import CHANNEL, Notifier
 from mealquest.db.postgresql.store import PostgresStore
 from mealquest.model.jobs import NewJob, OnInterrupt
@@ -676,6 +676,21 @@ def test_data_version_changes_when_another_process_enqueues(make_store, househol
     enqueue(enqueuing, household)
 
     wait_for(lambda: listening.data_version() != before)
+
+
+def test_closing_the_store_wakes_its_listener_out_of_its_wait(make_store, monkeypatch):
+    # A wait far longer than the stop's join: only the wake-up can end the
+    # listener in time.
+    monkeypatch.setattr(notify, "_LISTEN_WAKE_SECONDS", 60.0)
+    listening = make_store(listen=True)
+    listening.read(lambda conn: conn.execute("SELECT 1").fetchone())  # its pool open
+    listening.data_version()
+    wait_for(lambda: listening._listener.listening)
+    listener = listening._listener
+
+    listening.close()
+
+    assert not listener._thread.is_alive()
 
 
 def test_without_listen_no_connection_listens_and_data_version_still_moves(store, pg_url):

@@ -28,6 +28,7 @@ committing thread.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -190,22 +191,39 @@ class Listener:
         self.generation = 0
         self.changes_heard = 0
         self.changes: deque[tuple[int, frozenset[str] | None]] = deque(maxlen=_CHANGES_KEPT)
+        # A channel of this listener's own, on which `stop` wakes it.
+        self.stop_channel = f"mealquest_stop_{secrets.token_hex(8)}"
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mealquest-listen", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 2.0, wake: Callable[[str], None] | None = None) -> None:
+        """Stop listening and wait for the listener to have closed its connection.
+
+        `wake(channel)`, if given, sends a notification on the channel: the
+        listener then leaves its wait at once rather than at its next check
+        (`_LISTEN_WAKE_SECONDS`), so a process that closes its store is not
+        held up by it. Not while it is not listening: the database may be
+        away, and the wait is short then anyway."""
         self._stopped.set()
-        if self._thread.ident is not None:  # a start cut short never ran it
-            self._thread.join(timeout)
+        if self._thread.ident is None:  # a start cut short never ran it
+            return
+        if wake is not None and self.listening:
+            try:
+                wake(self.stop_channel)
+            except Exception:
+                logger.debug("could not wake the listener to stop; it stops at its next check")
+        self._thread.join(timeout)
 
     def _changed(self) -> None:
         self.count += 1
         self.generation += 1
 
     def _heard(self, channel: str, payload: str) -> None:
+        if channel == self.stop_channel:
+            return  # `stop`'s wake: the loop ends at its check
         if channel != CHANGES_CHANNEL:
             self.count += 1
             return
@@ -240,12 +258,15 @@ class Listener:
                 with psycopg.connect(self.url, **self.connect_kwargs) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {CHANGES_CHANNEL}")
+                    conn.execute(f"LISTEN {self.stop_channel}")
                     self.listening = True
                     self._changed()
                     delay = _RECONNECT_FIRST_SECONDS
                     while not self._stopped.is_set():
                         for notification in conn.notifies(timeout=_LISTEN_WAKE_SECONDS):
                             self._heard(notification.channel, notification.payload)
+                            if self._stopped.is_set():
+                                break
             except psycopg.Error as error:
                 # The error text may quote the host; the class says enough.
                 logger.warning(

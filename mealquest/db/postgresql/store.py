@@ -110,6 +110,8 @@ _BACKSTOP_GRACE_SECONDS = 1.0
 # With LISTEN off, how often `data_version` changes (each change costs the
 # caller one look for a due job).
 _POLL_ONLY_VERSION_SECONDS = 0.1
+# How long a closing store waits to send its stopping listener's wake-up.
+_WAKE_SECONDS = 0.5
 # SQLSTATE classes that mean the database, not the statement, failed:
 # connection (08), resources such as a full disk (53), operator intervention
 # such as a shutdown or a cancelled statement (57), and a serialization
@@ -563,6 +565,23 @@ class PostgresStore:
             )
         return self._runner
 
+    def _wake_listener(self, channel: str) -> None:
+        """Send the notification that wakes a stopping listener (`Listener.stop`)
+        on a pooled connection, within `_WAKE_SECONDS`; a store that never
+        opened its pool has none to send it on."""
+        pool = self._pool
+        if pool is None:
+            raise StoreError("no pool to send the wake-up from")
+        conn = pool.getconn(timeout=_WAKE_SECONDS)
+        try:
+            self._work_on(
+                conn,
+                lambda conn: conn.execute("SELECT pg_notify(%s, '')", (channel,)),
+                time.monotonic() + _WAKE_SECONDS,
+            )
+        finally:
+            pool.putconn(conn)
+
     def close(self) -> None:
         """Stop the listener and close the pools' connections (same process only)."""
         if os.getpid() != self._pid:
@@ -572,7 +591,7 @@ class PostgresStore:
             self._runner = None
         self.notifier.cancel()
         if self._listener is not None:
-            self._listener.stop()
+            self._listener.stop(wake=self._wake_listener)
             self._listener = None
         if self._pool is not None:
             self._pool.close(timeout=self.busy_timeout_seconds)
