@@ -838,6 +838,12 @@ def _awa_installed() -> bool:
 PG_HOUSEHOLDS = 20
 
 
+def _make_awa_schema(url: str) -> None:
+    """awa's schema, as its client migrates an empty database, in a child (awa's
+    runs are unpatched); each awa run then gets a clone."""
+    run_child("pg_awa_schema", {"url": url})
+
+
 def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> list[dict]:
     """The runner on PostgreSQL against a raw psycopg loop, procrastinate and pgqueuer,
     and two worker processes against one: every run on a database of its own, one server."""
@@ -879,7 +885,8 @@ def measure_postgres(sizes: Sizes, workdir: Path, log: Path, *, quick: bool) -> 
         version = pg.server_version(server)
         for _ in range(sizes.repeats):
             for name, child, migrated, batch in children:
-                with databases.new(migrated=migrated) as (url, household):
+                schema = ("awa", _make_awa_schema) if name == "awa" else None
+                with databases.new(migrated=migrated, peer_schema=schema) as (url, household):
                     args = {
                         "url": url,
                         "household": household,

@@ -12,7 +12,7 @@ import sys
 
 from mealquest.gevent_patching import patch_all
 
-UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer", "pg_awa"})
+UNPATCHED = frozenset({"pg_procrastinate", "pg_pgqueuer", "pg_awa", "pg_awa_schema"})
 
 if sys.argv[1:2] and sys.argv[1] in UNPATCHED:
     pass

@@ -16,7 +16,7 @@ import os
 import secrets
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -174,6 +174,10 @@ class Databases:
     def __init__(self, server_url: str) -> None:
         self.server_url = server_url
         self._template: str | None = None
+        # A peer's schema made once by `make(url)` and cloned for each of its
+        # runs: awa's client takes about six seconds to migrate an empty
+        # database and a few milliseconds to find a migrated one up to date.
+        self._peer_templates: dict[str, str] = {}
 
     def _create(self, name: str, template: str | None = None) -> None:
         from psycopg import sql
@@ -194,12 +198,32 @@ class Databases:
             migrate.upgrade(with_database(self.server_url, name))
         return self._template
 
+    def _peer_template(self, peer: str, make: Callable[[str], object]) -> str:
+        if peer not in self._peer_templates:
+            name = f"mq_bench_{peer}_template_{secrets.token_hex(6)}"
+            self._create(name)
+            self._peer_templates[peer] = name
+            make(with_database(self.server_url, name))
+        return self._peer_templates[peer]
+
     @contextmanager
-    def new(self, *, migrated: bool = True) -> Iterator[tuple[str, int]]:
-        """A new database for one measurement: its URL and a household's id (0 when
-        not `migrated`: an empty database, for a peer that brings its own schema).
-        Dropped afterwards."""
-        template = self._migrated_template() if migrated else None
+    def new(
+        self,
+        *,
+        migrated: bool = True,
+        peer_schema: tuple[str, Callable[[str], object]] | None = None,
+    ) -> Iterator[tuple[str, int]]:
+        """A new database for one measurement: its URL and a household's id. Not
+        `migrated`: an empty database (household 0), for a peer that brings its
+        own schema; with `peer_schema`, (peer, make), a clone of that peer's
+        schema, made once by `make(url)`. Dropped afterwards."""
+        if peer_schema is not None:
+            migrated = False
+            template: str | None = self._peer_template(*peer_schema)
+        elif migrated:
+            template = self._migrated_template()
+        else:
+            template = None
         name = f"mq_bench_{secrets.token_hex(6)}"
         self._create(name, template)
         url = with_database(self.server_url, name)
@@ -217,11 +241,15 @@ class Databases:
                 _drop(admin, name)
 
     def close(self) -> None:
-        """Drop the template."""
+        """Drop the templates."""
+        names = [*self._peer_templates.values()]
         if self._template is not None:
-            with _admin(self.server_url) as admin:
-                _drop(admin, self._template)
-            self._template = None
+            names.append(self._template)
+        with _admin(self.server_url) as admin:
+            for name in names:
+                _drop(admin, name)
+        self._template = None
+        self._peer_templates.clear()
 
 
 def wal_mark(url: str) -> tuple[int, int]:

@@ -215,11 +215,23 @@ def procrastinate_child(args: dict) -> dict:
 _AWA_UNFINISHED = "SELECT count(*) FROM awa.jobs WHERE state <> 'completed'"
 
 
+def awa_schema_child(args: dict) -> dict:
+    """awa's schema made on the empty database at `url` by its client's own
+    migration, once a bench run (the measured runs get clones of it)."""
+    from awa import AsyncClient
+
+    async def run() -> None:
+        await AsyncClient(args["url"]).migrate()
+
+    asyncio.run(run())
+    return {}
+
+
 def awa_child(args: dict) -> dict:
     """The peer: awa (a Rust engine, its Python SDK `awa-pg`), its async
-    workers (`workers` on one queue) on an empty database of the same
-    server, its schema migrated by its client, a no-op task; jobs inserted
-    one at a time, as ours are."""
+    workers (`workers` on one queue) on a database of the same server holding
+    its schema (migrated by its client: finding it up to date here), a no-op
+    task; jobs inserted one at a time, as ours are."""
     from dataclasses import dataclass
 
     import asyncpg
@@ -358,6 +370,7 @@ CHILDREN = {
     "pg_raw": raw_child,
     "pg_runner": runner_child,
     "pg_awa": awa_child,
+    "pg_awa_schema": awa_schema_child,
     "pg_procrastinate": procrastinate_child,
     "pg_pgqueuer": pgqueuer_child,
 }
