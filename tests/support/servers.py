@@ -325,6 +325,10 @@ class Gunicorn(Process):
             *extra_args,
             app or APP,
         ]
+        # The master's metrics directory in the test's own directory: a master
+        # SIGKILLed (or stopped by this harness's SIGKILL) never runs its
+        # `on_exit`, and left its directory in the system's temp dir.
+        env = {"MEALQUEST_METRICS_DIR_PARENT": str(log_path.parent), **env}
         super().__init__(args, env, log_path)
 
     def worker_pids(self) -> list[int]:
