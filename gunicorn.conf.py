@@ -272,6 +272,12 @@ def _refuse_an_address_in_use(server: Arbiter) -> None:
 METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
+METRICS_DIR_PREFIX = "mealquest-metrics-"
+# In each metrics directory, the master that made it: its host, the kernel's
+# boot and its pid, one line.
+METRICS_OWNER_FILE = "master"
+
+
 def on_starting(server: Arbiter) -> None:
     # Why this hook: it runs once in the master, before any worker is forked
     # (and not again on SIGHUP, whose new workers keep counting in the same
@@ -279,8 +285,82 @@ def on_starting(server: Arbiter) -> None:
     # files left by an earlier run would add its counts to this one's, and a
     # new master of a USR2 upgrade must not wipe the old master's live files.
     # Its parent is MEALQUEST_METRICS_DIR_PARENT, or the system's temp dir.
-    parent = os.environ.get("MEALQUEST_METRICS_DIR_PARENT") or None
-    os.environ[METRICS_DIR_VARIABLE] = tempfile.mkdtemp(prefix="mealquest-metrics-", dir=parent)
+    parent = os.environ.get("MEALQUEST_METRICS_DIR_PARENT") or tempfile.gettempdir()
+    try:
+        removed = remove_abandoned_metrics_dirs(parent)
+        directory = tempfile.mkdtemp(prefix=METRICS_DIR_PREFIX, dir=parent)
+        with open(os.path.join(directory, METRICS_OWNER_FILE), "w", encoding="ascii") as owner:
+            owner.write(_this_master())
+    except OSError as error:
+        print(
+            f"mealquest: MEALQUEST_METRICS_DIR_PARENT: cannot make the metrics directory "
+            f"in {parent} ({error.strerror or error}): set it to a directory this user can write",
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    if removed:
+        server.log.info(
+            "removed %d metrics directories whose masters ended without removing them: %s",
+            len(removed),
+            ", ".join(removed),
+        )
+    os.environ[METRICS_DIR_VARIABLE] = directory
+
+
+def remove_abandoned_metrics_dirs(parent: str) -> list[str]:
+    """Remove the metrics directories in `parent` whose masters are gone; their names.
+
+    A master that never ran `on_exit` (SIGKILLed, crashed, its machine
+    stopped) left its directory, with a file per worker that ever ran, and a
+    restart loop would leave one each time. A directory is judged by the
+    master its owner file names: gone once that process no longer exists on
+    this host in this boot, or the host booted since. A directory without
+    that file (made before masters wrote it, or by a master still writing
+    it), another host's (a parent shared between machines or containers,
+    whose pids are not ours to look up), or one whose pid is alive (a reused
+    pid too: kept until that process ends) is kept."""
+    removed = []
+    with os.scandir(parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(METRICS_DIR_PREFIX) and _abandoned(entry.path):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+    return sorted(removed)
+
+
+def _this_master() -> str:
+    return f"{socket.gethostname()} {_boot_id()} {os.getpid()}\n"
+
+
+def _boot_id() -> str:
+    """This boot of the kernel ("-" where it cannot be read)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as boot:
+            return boot.read().strip() or "-"
+    except OSError:
+        return "-"
+
+
+def _abandoned(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, METRICS_OWNER_FILE), encoding="ascii") as owner:
+            host, boot, pid = owner.read().split()
+        master = int(pid)
+    except (OSError, ValueError):
+        return False
+    if master <= 0:  # kill() would signal a process group
+        return False
+    if host != socket.gethostname():
+        return False
+    if boot != _boot_id():
+        return True
+    try:
+        os.kill(master, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's: not ours
+        return False
+    return False
 
 
 def child_exit(server: Arbiter, worker: Worker) -> None:
@@ -299,7 +379,7 @@ def child_exit(server: Arbiter, worker: Worker) -> None:
 def on_exit(server: Arbiter) -> None:
     # Why this hook: the master is ending; the directory it made goes with it.
     directory = os.environ.get(METRICS_DIR_VARIABLE)
-    if directory and os.path.basename(directory).startswith("mealquest-metrics-"):
+    if directory and os.path.basename(directory).startswith(METRICS_DIR_PREFIX):
         shutil.rmtree(directory, ignore_errors=True)
 
 

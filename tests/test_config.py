@@ -20,7 +20,7 @@ from mealquest.config.table import markdown_table
 from mealquest.db.sqlite import migrate
 from mealquest.extensions import get_store
 from mealquest.jobs.service import get_jobs
-from tests.support.servers import APP, BIN, serving_env
+from tests.support.servers import APP, gunicorn_refusing, serving_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -268,15 +268,7 @@ def gunicorn_output(tmp_path, *args: str, **config: object) -> tuple[int, list[s
     that only the configuration can stop it) with `args` and `config`."""
     database = str(tmp_path / "mealquest.sqlite3")
     migrate.upgrade(database)
-    result = subprocess.run(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", *args, APP],
-        cwd=REPO,
-        env=serving_env(database, **config),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = gunicorn_refusing(serving_env(database, **config), "--bind", "127.0.0.1:0", *args)
     return result.returncode, (result.stdout + result.stderr).splitlines()
 
 
@@ -311,15 +303,7 @@ def test_gunicorn_with_a_bad_value_prints_one_line_and_exits_non_zero(tmp_path, 
     or lets `create_app`'s ConfigError out, the master's preflight prints
     the one line before gunicorn logs or binds anything."""
     env = serving_env(str(tmp_path / "mealquest.sqlite3"), PROXY_FIX_HOPS=-1)
-    result = subprocess.run(
-        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--bind", "127.0.0.1:0", app],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = gunicorn_refusing(env, "--bind", "127.0.0.1:0", app=app)
     assert result.returncode != 0
     assert (result.stdout + result.stderr).splitlines() == [
         "mealquest: MEALQUEST_PROXY_FIX_HOPS: must be a whole number, 0 or more (got -1)"

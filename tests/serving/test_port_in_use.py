@@ -5,11 +5,10 @@ five times, retrying, and exited with no hint)."""
 from __future__ import annotations
 
 import socket
-import subprocess
 
 import pytest
 
-from tests.support.servers import APP, BIN, REPO, serving_env
+from tests.support.servers import gunicorn_refusing, serving_env
 
 pytestmark = pytest.mark.sqlite_only("the address is checked before any database is opened")
 
@@ -20,16 +19,8 @@ def test_an_address_in_use_is_one_line_naming_the_setting(served):
         taken.listen()
         port = taken.getsockname()[1]
         env = {**serving_env(served.database), "MEALQUEST_BIND": f"127.0.0.1:{port}"}
-        done = subprocess.run(
-            # The timeout the served tests' short leases need (as `Gunicorn` passes it).
-            [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", "--timeout", "5", APP],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        # The timeout the served tests' short leases need (as `Gunicorn` passes it).
+        done = gunicorn_refusing(env, "--timeout", "5")
     assert done.returncode == 1
     assert "Connection in use" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if "in use" in line]

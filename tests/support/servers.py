@@ -356,6 +356,22 @@ class Gunicorn(Process):
         super().stop(self.graceful_timeout + 5 if grace is None else grace)
 
 
+def gunicorn_refusing(
+    env: Mapping[str, str], *args: str, app: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """gunicorn with the real gunicorn.conf.py, for a start it must refuse:
+    run to its exit (within a minute or two), its output kept."""
+    return subprocess.run(
+        [str(BIN / "gunicorn"), "-c", "gunicorn.conf.py", *args, app or APP],
+        cwd=REPO,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None
