@@ -532,6 +532,21 @@ def test_the_duration_bucket_is_inlined_into_the_statement_that_calls_it(store):
     assert "job_duration_bucket" not in json.dumps(plan)
 
 
+@pytest.mark.parametrize("route", ["postgresql"], indirect=True)
+def test_no_trigger_runs_before_a_jobs_row_is_updated(store):
+    # A BEFORE row trigger, whatever its WHEN, makes every UPDATE of the
+    # table lock each row first and log that lock to the WAL: a claim's, an
+    # outcome's and a lease renewal's rows, about 100 WAL bytes a job
+    # (migration 0024). The version's trigger runs after the row instead.
+    before_row = store.read(
+        lambda conn: conn.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobs'::regclass "
+            "AND NOT tgisinternal AND tgtype & 1 = 1 AND tgtype & 2 = 2"
+        ).fetchall()
+    )
+    assert before_row == []
+
+
 # Directly only: through a transaction pooler no statement is prepared, and
 # each claim is planned with the statistics of its moment.
 @pytest.mark.parametrize("route", ["postgresql"], indirect=True)

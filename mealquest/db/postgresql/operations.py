@@ -136,7 +136,8 @@ _RETRY = (
     "UPDATE jobs SET status = 'queued', attempt = 0, interruptions = 0, snoozes = 0, "
     "result = NULL, "
     "error = NULL, started_at = NULL, finished_at = NULL, cancel_requested_at = NULL, "
-    "run_at = now(), updated_at = now() WHERE status IN ('failed', 'cancelled')"
+    "run_at = now(), updated_at = now(), version = version + 1 "
+    "WHERE status IN ('failed', 'cancelled')"
 )
 _CANCEL = (
     "UPDATE jobs SET "
@@ -144,7 +145,7 @@ _CANCEL = (
     "finished_at = CASE status WHEN 'queued' THEN now() ELSE finished_at END, "
     "cancel_requested_at = CASE status WHEN 'running' "
     "THEN coalesce(cancel_requested_at, now()) ELSE cancel_requested_at END, "
-    "updated_at = now() WHERE status IN ('queued', 'running')"
+    "updated_at = now(), version = version + 1 WHERE status IN ('queued', 'running')"
 )
 _DELETE = "DELETE FROM jobs WHERE status <> 'running'"
 _ACTIONS = {BulkAction.RETRY: _RETRY, BulkAction.CANCEL: _CANCEL, BulkAction.DELETE: _DELETE}
