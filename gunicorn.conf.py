@@ -289,7 +289,7 @@ def on_starting(server: Arbiter) -> None:
     try:
         removed = remove_abandoned_metrics_dirs(parent)
         directory = tempfile.mkdtemp(prefix=METRICS_DIR_PREFIX, dir=parent)
-        with open(os.path.join(directory, METRICS_OWNER_FILE), "w", encoding="ascii") as owner:
+        with open(os.path.join(directory, METRICS_OWNER_FILE), "w", encoding="utf-8") as owner:
             owner.write(_this_master())
     except OSError as error:
         print(
@@ -343,7 +343,7 @@ def _boot_id() -> str:
 
 def _abandoned(directory: str) -> bool:
     try:
-        with open(os.path.join(directory, METRICS_OWNER_FILE), encoding="ascii") as owner:
+        with open(os.path.join(directory, METRICS_OWNER_FILE), encoding="utf-8") as owner:
             host, boot, pid = owner.read().split()
         master = int(pid)
     except (OSError, ValueError):
