@@ -320,9 +320,10 @@ def remove_abandoned_metrics_dirs(parent: str) -> list[str]:
     whose pids are not ours to look up), or one whose pid is alive (a reused
     pid too: kept until that process ends) is kept."""
     removed = []
+    host, boot = socket.gethostname(), _boot_id()
     with os.scandir(parent) as entries:
         for entry in entries:
-            if entry.name.startswith(METRICS_DIR_PREFIX) and _abandoned(entry.path):
+            if entry.name.startswith(METRICS_DIR_PREFIX) and _abandoned(entry.path, host, boot):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed.append(entry.name)
     return sorted(removed)
@@ -341,18 +342,19 @@ def _boot_id() -> str:
         return "-"
 
 
-def _abandoned(directory: str) -> bool:
+def _abandoned(directory: str, host: str, boot: str) -> bool:
+    """Whether the master `directory`'s owner file names is gone (this host and boot given)."""
     try:
         with open(os.path.join(directory, METRICS_OWNER_FILE), encoding="utf-8") as owner:
-            host, boot, pid = owner.read().split()
+            its_host, its_boot, pid = owner.read().split()
         master = int(pid)
     except (OSError, ValueError):
         return False
     if master <= 0:  # kill() would signal a process group
         return False
-    if host != socket.gethostname():
+    if its_host != host:
         return False
-    if boot != _boot_id():
+    if its_boot != boot:
         return True
     try:
         os.kill(master, 0)

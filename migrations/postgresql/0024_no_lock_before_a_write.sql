@@ -35,45 +35,42 @@ DROP FUNCTION jobs_version_bump();
 -- UPDATE` locked the household's row (a WAL record) before updating it, and
 -- looked up the household's last start for the insert it did not make. An
 -- UPDATE writes the row it locks; the insert is made only for a household
--- with no row yet (and a concurrent enqueue's insert meanwhile is still
--- met by the conflict clause).
+-- with no row yet, and one that a concurrent enqueue inserted meanwhile is
+-- updated instead.
 CREATE OR REPLACE FUNCTION household_queue_join(
     household bigint, run_at timestamptz, seq bigint, joining bigint
 ) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE household_queues AS q
-    SET head_run_at = CASE WHEN (household_queue_join.run_at, household_queue_join.seq)
-                                < (q.head_run_at, q.head_seq)
-                           THEN household_queue_join.run_at ELSE q.head_run_at END,
-        head_seq = CASE WHEN (household_queue_join.run_at, household_queue_join.seq)
-                             < (q.head_run_at, q.head_seq)
-                        THEN household_queue_join.seq ELSE q.head_seq END,
-        queued = q.queued + joining,
-        -- Whatever held the household may not hold the jobs that joined.
-        held_until = NULL
-    WHERE q.household_id = household;
-    IF FOUND THEN
-        RETURN;
-    END IF;
-    INSERT INTO household_queues AS q (household_id, served_at, head_run_at, head_seq, queued)
-    VALUES (
-        household,
-        coalesce(
-            (SELECT max(j.started_at) FROM jobs AS j
-             WHERE j.household_id = household AND j.status = 'running'),
-            '-infinity'
-        ),
-        run_at,
-        seq,
-        joining
-    )
-    ON CONFLICT (household_id) DO UPDATE
-    SET head_run_at = CASE WHEN (excluded.head_run_at, excluded.head_seq)
-                                < (q.head_run_at, q.head_seq)
-                           THEN excluded.head_run_at ELSE q.head_run_at END,
-        head_seq = CASE WHEN (excluded.head_run_at, excluded.head_seq)
-                             < (q.head_run_at, q.head_seq)
-                        THEN excluded.head_seq ELSE q.head_seq END,
-        queued = q.queued + excluded.queued,
-        held_until = NULL;
+    LOOP
+        UPDATE household_queues AS q
+        SET head_run_at = CASE WHEN (household_queue_join.run_at, household_queue_join.seq)
+                                    < (q.head_run_at, q.head_seq)
+                               THEN household_queue_join.run_at ELSE q.head_run_at END,
+            head_seq = CASE WHEN (household_queue_join.run_at, household_queue_join.seq)
+                                 < (q.head_run_at, q.head_seq)
+                            THEN household_queue_join.seq ELSE q.head_seq END,
+            queued = q.queued + joining,
+            -- Whatever held the household may not hold the jobs that joined.
+            held_until = NULL
+        WHERE q.household_id = household;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        INSERT INTO household_queues (household_id, served_at, head_run_at, head_seq, queued)
+        VALUES (
+            household,
+            coalesce(
+                (SELECT max(j.started_at) FROM jobs AS j
+                 WHERE j.household_id = household AND j.status = 'running'),
+                '-infinity'
+            ),
+            run_at,
+            seq,
+            joining
+        )
+        ON CONFLICT (household_id) DO NOTHING;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
 END $$;
